@@ -1,0 +1,111 @@
+"""Verification rules: a registry of spec strings shared by the API and the CLI.
+
+``get("lenience:ell=0.5")`` returns a :class:`Rule`. Spec grammar: ``name[:param=value,...]``; the
+first parameters may also be given positionally (``lenience:0.5``). Unknown names or parameters,
+missing required ones and values out of range raise ``ValueError`` naming the valid choices.
+
+=========== ============================================ =========================================
+family      spec                                         law / true baseline
+=========== ============================================ =========================================
+lossless    ``lossless``, ``block``, ``hsd``, ``greedy``  p (greedy: argmax p)
+lenience    ``lenience:ell``                              eq. (2.3) / p
+CoS         ``cos_we:lam``, ``cos_cd:mu``                 λp+(1−λ)q, π_CD / p (own target: π)
+ceiling     ``ceiling:kappa,base=p|we|cd[,lam|mu]``       min(q, κp)+… or norm(min(π, κp)) / p
+truncation  ``speccascade:p_base``, ``typical:eps[,delta]`` q·1_A+(1−q(A))p / p_A (min-p, η)
+cascade     ``cascade:rule=chow|…|token_v3,alpha``        π / p_A for token_v3, else p
+=========== ============================================ =========================================
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from verispec.rules.base import ExactTargetRule, PerTokenRule, Rule
+from verispec.rules.block import BlockVerification
+from verispec.rules.collaborative import CeilingOnEnsemble, CeilingOnTarget, CosCD, CosWE, Lenience, make_ceiling
+from verispec.rules.hsd import HSD
+from verispec.rules.lossless import Greedy, Lossless
+from verispec.rules.params import Param
+from verispec.rules.truncation import Cascade, SpecCascade, Typical
+
+__all__ = ["Rule", "PerTokenRule", "ExactTargetRule", "get", "names", "REGISTRY", "help_text"]
+
+
+class _Entry:
+    def __init__(self, build: Callable[..., Rule], params: tuple[Param, ...], summary: str) -> None:
+        self.build, self.params, self.summary = build, params, summary
+
+
+REGISTRY: dict[str, _Entry] = {
+    "lossless": _Entry(Lossless, (), "token-level lossless speculative sampling"),
+    "block": _Entry(BlockVerification, (), "block verification (lossless)"),
+    "hsd": _Entry(HSD, (), "hierarchical speculative decoding (lossless)"),
+    "greedy": _Entry(Greedy, (), "exact match against argmax p"),
+    "lenience": _Entry(Lenience, Lenience.PARAMS, "accept min(1, p/(ℓq))"),
+    "cos_we": _Entry(CosWE, CosWE.PARAMS, "CoS weighted ensemble λp + (1-λ)q"),
+    "cos_cd": _Entry(CosCD, CosCD.PARAMS, "CoS contrastive π ∝ p q^(-μ)"),
+    "ceiling": _Entry(make_ceiling, CeilingOnEnsemble.PARAMS, "overshoot ceiling P <= κp (base p = lenience 1/κ)"),
+    "speccascade": _Entry(SpecCascade, SpecCascade.PARAMS, "accept iff in the min-p set, reject -> sample p"),
+    "cascade": _Entry(Cascade, Cascade.PARAMS, "original speculative cascades (deferral rules)"),
+    "typical": _Entry(Typical, Typical.PARAMS, "typical acceptance with the η set"),
+}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def help_text() -> str:
+    """One line per rule: spec syntax and meaning (for ``--help`` and error messages)."""
+    lines = []
+    for name, entry in REGISTRY.items():
+        syntax = name + (":" + ",".join(p.name + ("" if p.default is None else f"={p.default}") for p in entry.params) if entry.params else "")
+        lines.append(f"  {syntax:<44} {entry.summary}")
+    return "\n".join(lines)
+
+
+def get(spec: str | Rule) -> Rule:
+    """Build a rule from its spec string (``"lenience:ell=0.5"``); a ``Rule`` is returned as is."""
+    if isinstance(spec, Rule):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a rule spec must be a non-empty string; valid rules: {', '.join(names())}")
+    name, _, body = spec.strip().partition(":")
+    name = name.strip().lower().replace("-", "_")
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown rule {name!r}; valid rules: {', '.join(names())}")
+    by_name = {p.name: p for p in entry.params}
+    values: dict[str, object] = {}
+    positional_open = True
+    for i, item in enumerate(x.strip() for x in body.split(",") if x.strip()):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            if not positional_open or i >= len(entry.params):
+                raise ValueError(f"{name}: cannot place positional value {item!r}; write param=value with one of: {', '.join(by_name) or '(none)'}")
+            key, raw = entry.params[i].name, item
+        else:
+            positional_open = False
+            key = key.strip()
+        param = by_name.get(key)
+        if param is None:
+            valid = ", ".join(by_name) if by_name else "none (this rule takes no parameters)"
+            raise ValueError(f"{name}: unknown parameter {key!r}; valid parameters: {valid}")
+        if key in values:
+            raise ValueError(f"{name}: parameter {key!r} given twice")
+        values[key] = param.convert(name, raw.strip())
+    required = [p.name for p in entry.params if p.default is None and p.name not in values and p.name not in _OPTIONAL.get(name, ())]
+    if required:
+        raise ValueError(f"{name}: missing required parameter(s) {', '.join(required)}; e.g. {_EXAMPLES[name]}")
+    return entry.build(**values)
+
+
+#: Parameters without a default that may still be omitted (their meaning depends on other params).
+_OPTIONAL = {"typical": ("delta",), "ceiling": ("lam", "mu")}
+_EXAMPLES = {
+    "lenience": "lenience:ell=0.5",
+    "ceiling": "ceiling:kappa=2 or ceiling:kappa=2,base=we,lam=0.5",
+    "speccascade": "speccascade:p_base=0.3",
+    "typical": "typical:eps=0.15",
+    "cascade": "cascade:rule=token_v3,alpha=0.5",
+}
