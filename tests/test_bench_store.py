@@ -1,0 +1,409 @@
+"""Tests for verispec.bench.store: round trips, idempotence, and real crash/resume with SIGKILL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from verispec.bench.store import (
+    DEFAULT_DB_NAME,
+    SCHEMA_VERSION,
+    ResultStore,
+    RunKey,
+    SampleRecord,
+)
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _key(**kw) -> RunKey:
+    base = dict(
+        dataset="gsm8k",
+        rule="cascade:0.5",
+        sampling="t=1.0",
+        gamma=4,
+        draft="d",
+        target="t",
+        max_new_tokens=256,
+        seed=0,
+    )
+    base.update(kw)
+    return RunKey(**base)
+
+
+def _rec(run_id: str, pid: str, k: int, **kw) -> SampleRecord:
+    base = dict(
+        run_id=run_id,
+        problem_id=pid,
+        sample_idx=k,
+        output=f"out {pid} {k}",
+        extracted="42",
+        correct=True,
+        new_tokens=10,
+        target_calls=4,
+        draft_calls=16,
+        accepted_hist=[1, 0, 2, 1],
+        wall_s=0.5,
+        draft_s=0.1,
+        verify_s=0.3,
+        other_s=0.1,
+        meta={"stop": "eos", "difficulty": 2.5},
+    )
+    base.update(kw)
+    return SampleRecord(**base)
+
+
+# ------------------------------------------------------------------------------------------
+# RunKey
+
+
+def test_run_id_is_stable_short_sha256_of_canonical_json():
+    k = _key()
+    canon = k.canonical_json()
+    assert json.loads(canon) == {
+        "dataset": "gsm8k", "rule": "cascade:0.5", "sampling": "t=1.0", "gamma": 4, "draft": "d",
+        "target": "t", "max_new_tokens": 256, "seed": 0, "baseline_of": None, "role": "method",
+    }
+    assert canon == json.dumps(json.loads(canon), sort_keys=True, separators=(",", ":"))
+    assert k.run_id == hashlib.sha256(canon.encode()).hexdigest()[:16]
+    assert k.run_id == _key().run_id  # deterministic
+    # every field takes part in the identity
+    variants = [
+        _key(dataset="math"), _key(rule="cascade:0.6"), _key(sampling="t=0.7"), _key(gamma=5),
+        _key(draft="d2"), _key(target="t2"), _key(max_new_tokens=512), _key(seed=1),
+        _key(baseline_of="x"), _key(role="baseline"),
+    ]
+    ids = {v.run_id for v in variants} | {k.run_id}
+    assert len(ids) == len(variants) + 1
+    assert RunKey.from_json(canon) == k
+    assert k.family == "cascade"
+
+
+def test_run_key_validation():
+    with pytest.raises(ValueError):
+        _key(role="nonsense")
+    with pytest.raises(TypeError):
+        _key(gamma="4")
+    with pytest.raises(TypeError):
+        _key(seed=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Store basics
+
+
+def test_schema_and_pragmas(tmp_path):
+    path = tmp_path / "deep" / "dir" / DEFAULT_DB_NAME
+    with ResultStore(path) as st:
+        assert st.schema_version == SCHEMA_VERSION
+    assert path.exists()
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"schema_version", "runs", "samples"} <= tables
+    pk = [r[1] for r in sorted(con.execute("PRAGMA table_info(samples)"), key=lambda r: r[5]) if r[5]]
+    assert pk == ["run_id", "problem_id", "sample_idx"]
+    con.close()
+    # reopening does not add a second version row
+    ResultStore(path).close()
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 1
+    # a future schema version is refused rather than misread
+    con.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    con.commit()
+    con.close()
+    with pytest.raises(RuntimeError, match="schema version"):
+        ResultStore(path)
+
+
+def test_register_run_idempotent_and_pairing(tmp_path):
+    st = ResultStore(tmp_path / "r.sqlite")
+    base = _key(rule="target-only", sampling="t=1.0,min_p=0.5", gamma=0, role="baseline")
+    ref = _key(rule="lossless", role="lossless_ref")
+    meth = _key()
+    b_id = st.register_run(base)
+    r_id = st.register_run(ref)
+    m_id = st.register_run(meth, {"baseline": b_id})
+    assert m_id == meth.run_id and b_id == base.run_id
+    assert st.register_run(meth) == m_id  # idempotent; pairing kept
+    assert st.register_run(meth, {"lossless_ref": r_id, "ignored": None}) == m_id  # merged
+    runs = st.runs()
+    assert [k for k, _ in runs] == [base, ref, meth]  # registration order, no duplicates
+    assert runs[2][1] == {"baseline": b_id, "lossless_ref": r_id}
+    assert runs[0][1] == {}
+    assert st.run(m_id) == (meth, {"baseline": b_id, "lossless_ref": r_id})
+    assert st.run("nope") is None
+    st.close()
+
+
+def test_add_roundtrip_noop_on_duplicate(tmp_path):
+    st = ResultStore(tmp_path / "r.sqlite")
+    rid = st.register_run(_key())
+    r1 = _rec(rid, "p1", 0)
+    r2 = _rec(rid, "p1", 1, correct=False, extracted=None, accepted_hist=[], meta={})
+    r3 = _rec(rid, "p0", 0, output="ünïcödé ✓\n" * 3, meta={"nested": {"a": [1, 2]}})
+    assert st.add(r1) is True
+    assert st.add(r2) is True
+    assert st.add(r3) is True
+    # re-adding the same key, even with different content, is a no-op
+    assert st.add(_rec(rid, "p1", 0, output="CHANGED", correct=False)) is False
+    assert st.add(r1) is False
+    assert st.count(rid) == 3 and st.count() == 3
+    assert st.done(rid) == {("p1", 0), ("p1", 1), ("p0", 0)}
+    got = st.samples(rid)
+    assert got == [r3, r1, r2]  # ordered by (problem_id, sample_idx), exact round trip
+    assert got[1].output == "out p1 0"
+    assert st.done("other") == set() and st.samples("other") == []
+    st.close()
+
+
+def test_add_requires_registered_run_and_serialises_numpy_meta(tmp_path):
+    np = pytest.importorskip("numpy")
+    st = ResultStore(tmp_path / "r.sqlite")
+    with pytest.raises(sqlite3.IntegrityError):
+        st.add(_rec("unregistered", "p", 0))
+    rid = st.register_run(_key())
+    st.add(_rec(rid, "p", 0, meta={"x": np.float32(1.5), "v": np.arange(3)}))
+    assert st.samples(rid)[0].meta == {"x": 1.5, "v": [0, 1, 2]}
+    with pytest.raises(ValueError):
+        st.add(_rec(rid, "p", 1, wall_s=float("nan")))
+    assert st.done(rid) == {("p", 0)}
+    st.close()
+
+
+def test_two_handles_see_each_others_writes(tmp_path):
+    path = tmp_path / "r.sqlite"
+    a, b = ResultStore(path), ResultStore(path)
+    rid = a.register_run(_key())
+    assert a.add(_rec(rid, "p", 0))
+    assert b.done(rid) == {("p", 0)}
+    assert b.add(_rec(rid, "p", 0)) is False
+    assert b.add(_rec(rid, "p", 1)) is True
+    assert a.done(rid) == {("p", 0), ("p", 1)}
+    a.close()
+    b.close()
+
+
+# ------------------------------------------------------------------------------------------
+# Real crash / resume: a writer subprocess is SIGKILLed at random moments.
+
+WRITER = r'''
+import sys, hashlib
+from verispec.bench.store import ResultStore, RunKey, SampleRecord
+
+db, n_prob, n_samp, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def content(pid, k):
+    h = hashlib.sha256(f"{pid}/{k}".encode()).hexdigest()
+    return (h * (size // 64 + 1))[:size]
+
+st = ResultStore(db)
+keys = [RunKey("ds", "cascade:0.5", "t=1", 4, "d", "t", 64, 0),
+        RunKey("ds", "target-only", "t=1,min_p=0.5", 0, "d", "t", 64, 0, role="baseline")]
+base_id = st.register_run(keys[1])
+ids = [st.register_run(keys[0], {"baseline": base_id}), base_id]
+print("ready", flush=True)
+dups = 0
+wrote = 0
+for rid in ids:
+    done = st.done(rid)
+    for p in range(n_prob):
+        pid = f"p{p:03d}"
+        for k in range(n_samp):
+            if (pid, k) in done:
+                continue
+            out = content(pid, k)
+            rec = SampleRecord(rid, pid, k, out, str(p * k), (p + k) % 3 == 0, p + k, k + 1, 4 * (k + 1),
+                               [p % 5, k % 4, 1], 0.25 * k, 0.1, 0.1, 0.05,
+                               {"sha": hashlib.sha256(out.encode()).hexdigest(), "p": p, "k": k})
+            # one short write() per line, so a line is either wholly in the pipe or not at all
+            if st.add(rec):
+                wrote += 1
+                sys.stdout.write(f"ok {rid} {pid} {k}\n")
+            else:
+                dups += 1
+                sys.stdout.write(f"dup {rid} {pid} {k}\n")
+            sys.stdout.flush()
+st.close()
+print("finished", wrote, dups, flush=True)
+'''
+
+
+class _Writer:
+    """Runs the writer script and collects its stdout lines in a thread (no pipe stalls)."""
+
+    def __init__(self, script: Path, db: Path, n_prob: int, n_samp: int, size: int):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(db), str(n_prob), str(n_samp), str(size)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            if not line.endswith("\n"):  # torn by the kill: never acknowledged
+                continue
+            line = line.strip()
+            self.lines.append(line)
+            if line == "ready":
+                self.ready.set()
+        self.ready.set()
+
+    def finish(self, timeout=60):
+        self.proc.wait(timeout=timeout)
+        self._t.join(timeout=10)
+        err = self.proc.stderr.read()
+        return self.proc.returncode, err
+
+    def acked(self) -> set[tuple[str, str, int]]:
+        out = set()
+        for line in self.lines:
+            if line.startswith("ok "):
+                _, rid, pid, k = line.split()
+                out.add((rid, pid, int(k)))
+        return out
+
+    def dups(self) -> int:
+        return sum(1 for line in self.lines if line.startswith("dup "))
+
+
+def _db_state(db: Path, n_prob: int, n_samp: int, size: int) -> set[tuple[str, str, int]]:
+    """Open the store after a kill; check integrity and that every stored row is intact."""
+    with ResultStore(db) as st:
+        assert st.integrity_check() == "ok"
+        runs = st.runs()
+        # killed during start-up: the baseline is registered first, then the paired method run
+        assert len(runs) <= 2
+        if len(runs) == 2:
+            (bkey, bpair), (mkey, mpair) = runs
+            assert bkey.role == "baseline" and mkey.role == "method"
+            assert mpair == {"baseline": bkey.run_id} and bpair == {}
+        elif len(runs) == 1:
+            assert runs[0][0].role == "baseline"
+        state = set()
+        for key, _ in runs:
+            recs = st.samples(key.run_id)
+            keys = [(r.problem_id, r.sample_idx) for r in recs]
+            assert len(keys) == len(set(keys)), "duplicate rows"
+            assert set(keys) == st.done(key.run_id)
+            for r in recs:
+                p, k = int(r.problem_id[1:]), r.sample_idx
+                assert 0 <= p < n_prob and 0 <= k < n_samp
+                h = hashlib.sha256(f"{r.problem_id}/{k}".encode()).hexdigest()
+                assert r.output == (h * (size // 64 + 1))[:size], "torn/corrupt output"
+                assert r.meta == {"sha": hashlib.sha256(r.output.encode()).hexdigest(), "p": p, "k": k}
+                assert r.correct == ((p + k) % 3 == 0) and r.new_tokens == p + k
+                assert r.accepted_hist == [p % 5, k % 4, 1] and r.wall_s == 0.25 * k
+                state.add((key.run_id, r.problem_id, k))
+    con = sqlite3.connect(db)
+    n_rows = con.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    n_distinct = con.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT run_id, problem_id, sample_idx FROM samples)"
+    ).fetchone()[0]
+    con.close()
+    assert n_rows == n_distinct == len(state)
+    return state
+
+
+def test_resume_after_sigkill_real(tmp_path):
+    n_prob, n_samp, size = 50, 40, 4000  # 2 runs x 2000 rows, 4 kB each (~1 s uninterrupted)
+    total = 2 * n_prob * n_samp
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    db = tmp_path / "store" / "results.sqlite"
+    rng = random.Random(1234)
+    # rounds 0-1: kill during interpreter start-up / schema creation / registration;
+    # rounds 2..: kill at random moments while rows are being written.
+    delays = [("spawn", rng.uniform(0.0, 0.04)), ("spawn", rng.uniform(0.04, 0.12))]
+    delays += [("ready", rng.uniform(0.0, 0.05)) for _ in range(5)]
+    prev: set = set()
+    killed_mid_write = 0
+    for when, delay in delays:
+        w = _Writer(script, db, n_prob, n_samp, size)
+        if when == "ready":
+            assert w.ready.wait(30), "writer never became ready"
+        time.sleep(delay)
+        w.proc.send_signal(signal.SIGKILL)
+        rc, err = w.finish()
+        if rc == 0:  # finished before the kill landed: the sizes above are far too small
+            pytest.fail("writer finished before being killed; increase the workload")
+        assert rc == -signal.SIGKILL, err
+        if not db.exists():
+            assert not w.acked()
+            continue
+        state = _db_state(db, n_prob, n_samp, size)
+        acked = w.acked()
+        assert w.dups() == 0, "resumed writer re-added a done() row"
+        assert acked <= state, "an acknowledged (committed) row was lost"
+        assert not (acked & prev), "resumed writer rewrote a row that was already done"
+        assert prev <= state, "rows from an earlier round disappeared"
+        # only the single in-flight row may be committed without having been acknowledged
+        assert len(state - prev - acked) <= 1
+        if acked and when == "ready":
+            killed_mid_write += 1
+        prev = state
+    assert killed_mid_write >= 3, "kills did not land while rows were being written"
+    assert len(prev) < total
+    # final resume runs to completion and adds exactly the missing rows
+    w = _Writer(script, db, n_prob, n_samp, size)
+    rc, err = w.finish(timeout=120)
+    assert rc == 0, err
+    assert w.lines[-1] == f"finished {total - len(prev)} 0"
+    final = _db_state(db, n_prob, n_samp, size)
+    assert len(final) == total
+    assert final == prev | w.acked() and not (prev & w.acked())
+
+
+CONCURRENT = r'''
+import sys
+from verispec.bench.store import ResultStore, RunKey, SampleRecord
+db, order = sys.argv[1], sys.argv[2]
+st = ResultStore(db)
+rid = st.register_run(RunKey("ds", "r", "s", 1, "d", "t", 8, 0))
+keys = [(f"p{p}", k) for p in range(30) for k in range(10)]
+if order == "rev":
+    keys.reverse()
+n = 0
+for pid, k in keys:
+    n += st.add(SampleRecord(rid, pid, k, "x" * 500, None, False, 1, 1, 0, [1], 0.0, 0.0, 0.0, 0.0, {}))
+print(n, flush=True)
+'''
+
+
+def test_concurrent_writers_never_duplicate(tmp_path):
+    script = tmp_path / "conc.py"
+    script.write_text(CONCURRENT)
+    db = tmp_path / "c.sqlite"
+    ResultStore(db).close()  # create schema up front
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(db), o], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+        for o in ("fwd", "rev", "fwd")
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    written = sum(int(out.strip()) for out, _ in outs)
+    assert written == 300  # every row added exactly once across the racing writers
+    with ResultStore(db) as st:
+        (key, _), = st.runs()
+        assert len(st.samples(key.run_id)) == 300
+        assert st.integrity_check() == "ok"
