@@ -207,7 +207,8 @@ def test_truncation_reference_is_truncated_target():
     theta = min(0.2, math.sqrt(0.2) * math.exp(-h.item()))
     keep = (p >= theta) | (p == p.max())
     assert torch.allclose(typ.reference(p), torch.where(keep, p, 0) / p[keep].sum())
-    assert typ.baseline_truncation() == {"eta": 0.2, "eta_delta": math.sqrt(0.2)}
+    assert typ.baseline_truncation() == {"eta": 0.2}
+    assert R.get("typical:eps=0.2,delta=0.5").baseline_truncation() == {"eta": 0.2, "eta_delta": 0.5}
     assert rule.baseline_truncation() == {"min_p": 0.3}
     assert R.get("lenience:ell=0.5").baseline_truncation() == {}
 

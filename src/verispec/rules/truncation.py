@@ -108,7 +108,9 @@ class Typical(_AllowedSetRule):
         return ((px >= threshold) | is_max).to(p.dtype)
 
     def baseline_truncation(self):
-        return {"eta": self.eps, "eta_delta": self.delta}
+        if "delta" in self.params:
+            return {"eta": self.eps, "eta_delta": self.delta}
+        return {"eta": self.eps}  # the η warper's default δ is √ε too
 
 
 def cascade_target(p: torch.Tensor, q: torch.Tensor, rule: str, alpha: float) -> torch.Tensor:

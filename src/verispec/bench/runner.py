@@ -1,0 +1,336 @@
+"""Benchmark runs and sweeps: every lossy rule beside its true baseline, resumable, with progress.
+
+A *run* is (draft, target, rule spec, sampling, γ, dataset, max_new_tokens, seed); each problem is
+sampled ``n_samples`` times. Sample ``k`` of a problem uses a seed derived from (seed, dataset,
+problem id, k) only, so every run sees the same seeds on the same problems: outcomes are paired.
+
+For each (dataset, sampling, γ) the plan holds
+  * ``target_only``   — the target sampled with the sampling config (the ground truth);
+  * ``lossless_ref``  — lossless SD with the same sampling (the speed reference);
+  * per lossy rule a ``method`` run, paired with its **true baseline**: target-only sampling with the
+    rule's truncation added (min-p for SpecCascade, η for typical acceptance; a ``baseline`` run),
+    or the plain ``target_only`` run for lossless and collaborative rules.
+
+Rows go to a SQLite :class:`~verispec.bench.store.ResultStore`, one committed row per sample, so a
+re-run of the same command skips finished rows and a kill loses at most the row in flight. Work is
+done problem-major (each problem through every run before the next problem), so an interrupted
+bench still compares all rules on the same problems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from verispec import rules as rule_registry
+from verispec.bench.checkers import check
+from verispec.bench.datasets import Problem, load_dataset
+from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.sampling import SamplingConfig
+
+TARGET_ONLY = "target_only"
+STORE_NAME = "results.sqlite"
+
+#: The main job: `verispec bench` with no arguments (sized to finish in ~15 minutes on 2 CPU cores).
+DEFAULT_DATASET = "humaneval"
+DEFAULT_LIMIT = 4
+DEFAULT_MAX_NEW_TOKENS = 160
+DEFAULT_RULES = (
+    "lossless",
+    "typical:eps=0.15",
+    "speccascade:p_base=0.3",
+    "lenience:ell=0.5",
+    "cos_we:lam=0.5",
+    "ceiling:kappa=2",
+)
+DEFAULT_SAMPLING = "temperature=0.7,top_k=20,top_p=0.8"
+DEFAULT_OUT = "verispec-out/bench"
+
+
+@dataclass
+class BenchConfig:
+    """Everything that defines a bench invocation (CLI flags or a sweep file)."""
+
+    datasets: list[str] = field(default_factory=lambda: [DEFAULT_DATASET])
+    rules: list[str] = field(default_factory=lambda: list(DEFAULT_RULES))
+    samplings: list[str] = field(default_factory=lambda: [DEFAULT_SAMPLING])
+    gammas: list[int] = field(default_factory=lambda: [5])
+    limit: int | None = DEFAULT_LIMIT
+    offset: int = 0
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    seed: int = 0
+    n_samples: int = 1
+    draft: str | None = None
+    target: str | None = None
+    out: str = DEFAULT_OUT
+    data_dir: str | None = None
+    question_field: str | None = None
+    answer_field: str | None = None
+    id_field: str | None = None
+    checker: str | None = None
+    on_bad_row: str = "skip"
+    few_shot: int = 0
+    baselines: bool = True
+    lossless_ref: bool = True
+    target_only: bool = True
+    check_timeout_s: float = 10.0
+    n_threads: int | None = None
+    n_ctx: int = 4096
+    device: str = "cpu"
+    dtype: str | None = None
+
+    def validate(self) -> None:
+        if not self.datasets:
+            raise ValueError("no dataset given (--dataset)")
+        if not self.rules and not (self.target_only or self.lossless_ref):
+            raise ValueError("nothing to run: give --rules or keep the target-only / lossless reference runs")
+        for spec in self.rules:
+            rule_registry.get(spec)
+        for s in self.samplings:
+            SamplingConfig.parse(s)
+        for g in self.gammas:
+            if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+                raise ValueError(f"gamma must be an integer >= 1, got {g!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+
+
+SWEEP_KEYS = {f for f in BenchConfig.__dataclass_fields__}
+_SWEEP_ALIASES = {"dataset": "datasets", "rule": "rules", "sampling": "samplings", "gamma": "gammas"}
+
+
+def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig:
+    """Read a TOML or YAML sweep file; keys are BenchConfig fields (``dataset``/``rule``/``sampling``/
+    ``gamma`` accepted as singular aliases, scalars or lists). Unknown keys are refused."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file not found: {path}")
+    text = path.read_text()
+    if path.suffix.lower() == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        data = tomllib.loads(text)
+    elif path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        raise ValueError(f"sweep file must be .toml, .yaml or .yml, got {path.name}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the sweep must be a mapping of settings")
+    cfg = asdict(base or BenchConfig())
+    for key, value in data.items():
+        name = _SWEEP_ALIASES.get(key, key)
+        if name not in SWEEP_KEYS:
+            raise ValueError(f"{path}: unknown sweep key {key!r}; valid keys: {', '.join(sorted(SWEEP_KEYS))}")
+        if name in ("datasets", "rules", "samplings", "gammas") and not isinstance(value, list):
+            value = [value]
+        cfg[name] = value
+    out = BenchConfig(**cfg)
+    out.validate()
+    return out
+
+
+def split_rule_list(text: str) -> list[str]:
+    """Split ``"lenience:ell=0.5,ceiling:kappa=2,base=we,lossless"`` into rule specs: a comma starts a
+    new spec only where the next item begins with a known rule name."""
+    specs: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name = item.split(":", 1)[0].strip().lower().replace("-", "_")
+        if name in rule_registry.REGISTRY or not specs:
+            specs.append(item)
+        else:
+            specs[-1] += "," + item
+    return specs
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    key: RunKey
+    sampling: SamplingConfig
+    rule: str | None            # None: target-only decoding
+    pair: dict
+
+
+def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[PlannedRun]:
+    """The runs of a bench with their pairing (see the module docstring)."""
+    runs: dict[str, PlannedRun] = {}
+
+    def add(dataset, rule, sampling, gamma, role, pair=None) -> str:
+        key = RunKey(dataset=dataset, rule=rule or TARGET_ONLY, sampling=sampling.spec(), gamma=gamma if rule else 0,
+                     draft=draft_name if rule else "", target=target_name, max_new_tokens=cfg.max_new_tokens,
+                     seed=cfg.seed, role=role)
+        if key.run_id not in runs:
+            runs[key.run_id] = PlannedRun(key, sampling, rule, dict(pair or {}))
+        return key.run_id
+
+    for dataset, sampling_spec, gamma in itertools.product(cfg.datasets, cfg.samplings, cfg.gammas):
+        sampling = SamplingConfig.parse(sampling_spec)
+        plain = add(dataset, None, sampling, gamma, "target_only") if (cfg.target_only or cfg.baselines) else None
+        lossless = add(dataset, "lossless", sampling, gamma, "lossless_ref", {"baseline": plain}) if cfg.lossless_ref else None
+        for spec in cfg.rules:
+            rule = rule_registry.get(spec)
+            if rule.spec() == "lossless" and lossless is not None:
+                continue  # the lossless reference run is that run
+            pair: dict = {"lossless_ref": lossless}
+            if cfg.baselines:
+                truncation = rule.baseline_truncation()
+                if truncation:
+                    pair["baseline"] = add(dataset, None, sampling.with_truncation(**truncation), gamma, "baseline")
+                else:
+                    pair["baseline"] = plain
+            add(dataset, rule.spec(), sampling, gamma, "method", pair)
+    return list(runs.values())
+
+
+def sample_seed(seed: int, dataset: str, problem_id: str, k: int) -> int:
+    digest = hashlib.sha256(f"{seed}\x00{dataset}\x00{problem_id}\x00{k}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def model_label(spec: str | None, role: str) -> str:
+    return spec if spec else f"embedded-{role}"
+
+
+class Bench:
+    """Loads datasets and models once, then executes a plan into the store."""
+
+    def __init__(self, cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
+                 load_models: Callable | None = None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.progress = progress
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.out = Path(cfg.out)
+        self._load_models = load_models
+        self.problems: dict[str, list[Problem]] = {}
+
+    def load_problems(self) -> None:
+        for name in self.cfg.datasets:
+            ds = load_dataset(
+                name, data_dir=self.cfg.data_dir, question_field=self.cfg.question_field,
+                answer_field=self.cfg.answer_field, id_field=self.cfg.id_field, checker=self.cfg.checker,
+                on_bad_row=self.cfg.on_bad_row, limit=self.cfg.limit, offset=self.cfg.offset, few_shot=self.cfg.few_shot,
+            )
+            for line, reason in ds.skipped:
+                self.log(f"{name}: skipped malformed row {line}: {reason}")
+            if not ds.problems:
+                raise ValueError(f"dataset {name!r} has no usable problems")
+            self.problems[name] = ds.problems
+
+    def run(self) -> Path:
+        from verispec.engine import generate, generate_target_only, measure_costs
+
+        self.load_problems()
+        draft_name = model_label(self.cfg.draft, "draft")
+        target_name = model_label(self.cfg.target, "target")
+        plan = plan_runs(self.cfg, draft_name, target_name)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
+        store = ResultStore(self.out / STORE_NAME)
+        try:
+            for run in plan:
+                store.register_run(run.key, {k: v for k, v in run.pair.items() if v})
+            done = {run.key.run_id: store.done(run.key.run_id) for run in plan}
+            todo = [
+                (problem, k, run)
+                for dataset, problems in self.problems.items()
+                for problem in problems
+                for k in range(self.cfg.n_samples)
+                for run in plan
+                if run.key.dataset == dataset and (problem.id, k) not in done[run.key.run_id]
+            ]
+            total = sum(len(p) for p in self.problems.values()) * self.cfg.n_samples * len(plan)
+            self.log(f"bench: {len(plan)} runs, {total} samples, {total - len(todo)} already done, {len(todo)} to go -> {self.out}")
+            if not todo:
+                return self.out
+            target, draft, width = (self._load_models or _default_models)(self.cfg, need_draft=any(r.rule for _, _, r in todo))
+            costs = {}
+            prompts: dict[tuple[str, str], list[int]] = {}
+            bar = _progress(len(todo), self.progress)
+            for problem, k, run in todo:
+                ids = prompts.get((problem.dataset, problem.id))
+                if ids is None:
+                    ids = prompts[(problem.dataset, problem.id)] = target.chat_prompt(problem.prompt)
+                seed = sample_seed(self.cfg.seed, problem.dataset, problem.id, k)
+                t0 = time.perf_counter()
+                if run.rule is None:
+                    res = generate_target_only(target, ids, sampling=run.sampling, max_new_tokens=self.cfg.max_new_tokens,
+                                               stop=problem.stop, seed=seed, vocab_width=width)
+                else:
+                    gamma = run.key.gamma
+                    if gamma not in costs:
+                        costs[gamma] = measure_costs(target, draft, ids, gamma)
+                    res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
+                                   max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
+                                   vocab_width=width, costs=costs[gamma])
+                gen_s = time.perf_counter() - t0
+                verdict = check(problem, res.text, timeout_s=self.cfg.check_timeout_s)
+                st = res.stats
+                store.add(SampleRecord(
+                    run_id=run.key.run_id, problem_id=problem.id, sample_idx=k, output=res.text,
+                    extracted=verdict.extracted, correct=bool(verdict.correct), new_tokens=st.new_tokens,
+                    target_calls=st.target_calls, draft_calls=st.draft_calls, accepted_hist=list(st.accepted_hist),
+                    wall_s=st.wall_s, draft_s=st.draft_s, verify_s=st.verify_s, other_s=st.other_s,
+                    meta={
+                        "stop_reason": st.stop_reason, "difficulty": problem.meta.get("difficulty"),
+                        "cost_model_speedup": st.cost_model_speedup, "rule_s": st.rule_s, "prefill_s": st.prefill_s,
+                        "generate_s": gen_s, "seed": seed, "check_detail": verdict.detail[:500],
+                        "per_position_acceptance": st.per_position_acceptance,
+                    },
+                ))
+                bar.set_postfix_str(f"{problem.dataset}/{problem.id} {run.key.rule[:24]}", refresh=False)
+                bar.update(1)
+            bar.close()
+        finally:
+            store.close()
+        return self.out
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, unit="sample", dynamic_ncols=True, file=sys.stderr)
+
+
+def _default_models(cfg: BenchConfig, need_draft: bool):
+    from verispec.models import check_compatible, load_backend
+
+    kw = dict(n_threads=cfg.n_threads, n_ctx=cfg.n_ctx, device=cfg.device, dtype=cfg.dtype)
+    target = load_backend(cfg.target, role="target", **kw)
+    if not need_draft:
+        return target, None, None
+    draft = load_backend(cfg.draft, role="draft", **kw)
+    return target, draft, check_compatible(target, draft)
+
+
+def run_bench(cfg: BenchConfig, *, progress: bool = True, report: bool = True, log=None, load_models=None):
+    """Execute the bench of ``cfg`` (resuming what its store already holds) and build its report."""
+    out = Bench(cfg, progress=progress, log=log, load_models=load_models).run()
+    if not report:
+        return out, None
+    from verispec.bench.report import build_report
+
+    return out, build_report(out, out)
+
+
+def describe_plan(runs: Iterable[PlannedRun]) -> str:
+    lines = []
+    for r in runs:
+        pair = ", ".join(f"{k}={v}" for k, v in r.pair.items() if v)
+        lines.append(f"  {r.key.run_id}  {r.key.role:12} {r.key.dataset:10} {r.key.rule:34} {r.key.sampling:40} γ={r.key.gamma} {pair}")
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""Command line: thin commands over the library.
+
+  verispec demo                      rules on an illustrative (p, q): acceptance, TV, overshoot, ceiling
+  verispec rules                     every rule spec with its meaning
+  verispec generate ...              one generation (SD with a rule, or --baseline target-only)
+  verispec bench ...                 diagnostic evaluation: rules beside their true baselines
+  verispec report DIR                the report of a bench directory
+  verispec diagnose ...              per-token distortion of each rule on real trajectories
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from verispec import __version__
+
+
+def _add_model_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--target", default=None, help="target model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-1.5B)")
+    ap.add_argument("--draft", default=None, help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B)")
+    ap.add_argument("--n-threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context length for llama.cpp models")
+    ap.add_argument("--device", default="cpu", help="device for transformers models (cpu, cuda, ...)")
+    ap.add_argument("--dtype", default=None, help="dtype for transformers models (float32, bfloat16, float16, float64)")
+
+
+def _add_decoding_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--sampling", default="temperature=1", help="sampling pipeline, e.g. temperature=0.7,top_p=0.8,top_k=20 (temperature=0: greedy)")
+    ap.add_argument("--gamma", type=int, default=5, help="draft tokens per target call γ (>= 1)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def _load_models(args, need_draft: bool):
+    from verispec.models import check_compatible, load_backend
+
+    kw = dict(n_threads=args.n_threads, n_ctx=args.n_ctx, device=args.device, dtype=args.dtype)
+    target = load_backend(args.target, role="target", **kw)
+    if not need_draft:
+        return target, None, None
+    draft = load_backend(args.draft, role="draft", **kw)
+    return target, draft, check_compatible(target, draft)
+
+
+def cmd_demo(args) -> int:
+    from verispec.demo import demo_table
+
+    print(demo_table(args.rules.split(";") if args.rules else None))
+    return 0
+
+
+def cmd_rules(args) -> int:
+    import verispec.rules as R
+
+    print("Rule specs (name:param=value,...):")
+    print(R.help_text())
+    return 0
+
+
+def _stats_table(stats, baseline: bool) -> str:
+    d = stats.to_dict()
+    rows = [("new tokens", d["new_tokens"]), ("target calls", d["target_calls"])]
+    if not baseline:
+        rows += [
+            ("draft calls", d["draft_calls"]),
+            ("block efficiency (tokens/target call)", f"{d['block_efficiency']:.3f}"),
+            ("mean accepted per step", f"{d['mean_accepted']:.3f}"),
+            ("accepted-per-step histogram", d["accepted_hist"]),
+            ("per-position acceptance", "[" + ", ".join(f"{x:.2f}" for x in d["per_position_acceptance"]) + "]"),
+            ("draft time (s)", f"{d['draft_s']:.3f}"),
+        ]
+    rows += [
+        ("target forward time (s)", f"{d['verify_s']:.3f}"),
+        ("other time (s)", f"{d['other_s']:.3f}"),
+        ("wall time after prefill (s)", f"{d['wall_s']:.3f}"),
+        ("tokens/s", f"{d['tokens_per_s']:.2f}"),
+        ("stop reason", d["stop_reason"]),
+    ]
+    if d.get("cost_model_speedup") is not None:
+        rows.append(("cost-model speedup BE/(γc+v(γ))", f"{d['cost_model_speedup']:.3f}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def cmd_generate(args) -> int:
+    import verispec.rules as R
+    from verispec.engine import generate, generate_target_only, measure_costs
+    from verispec.sampling import SamplingConfig
+
+    sampling = SamplingConfig.parse(args.sampling)
+    rule = R.get(args.rule)
+    if args.gamma < 1:
+        raise ValueError(f"--gamma must be >= 1, got {args.gamma}")
+    target, draft, width = _load_models(args, need_draft=not args.baseline)
+    prompt_ids = target.tokenize(args.prompt, add_special=True) if args.no_chat else target.chat_prompt(args.prompt, system=args.system)
+    if args.baseline:
+        sampling = sampling.with_truncation(**rule.baseline_truncation()) if rule.baseline_truncation() else sampling
+        result = generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed)
+    else:
+        costs = measure_costs(target, draft, prompt_ids, args.gamma) if not args.no_cost_model else None
+        result = generate(
+            target, draft, prompt_ids, rule=rule, sampling=sampling, gamma=args.gamma,
+            max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, vocab_width=width, costs=costs,
+        )
+    if args.json:
+        record = {"text": result.text, "tokens": result.tokens, "mode": "baseline" if args.baseline else "sd",
+                  "rule": "" if args.baseline else rule.spec(), "sampling": sampling.spec()}
+        record.update(result.stats.to_dict())
+        print(json.dumps(record))
+    else:
+        print(result.text)
+        label = f"target-only ({sampling.spec() or 'temperature=1'})" if args.baseline else f"{rule.spec()} γ={args.gamma} ({sampling.spec() or 'temperature=1'})"
+        print(f"\n--- {label}", file=sys.stderr)
+        print(_stats_table(result.stats, args.baseline), file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="verispec", description="Speculative decoding with lossless and lossy verification, and diagnostics.")
+    ap.add_argument("--version", action="version", version=f"verispec {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="each rule on an illustrative (p, q): acceptance, TV, overshoot, ceiling ratio")
+    p.add_argument("--rules", default=None, help="';'-separated rule specs (default: one of each family)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("rules", help="list every rule spec")
+    p.set_defaults(func=cmd_rules)
+
+    p = sub.add_parser("generate", help="generate text with speculative decoding (or --baseline target-only)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--system", default=None, help="system message for the chat template")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--rule", default="lossless", help="verification rule spec (see `verispec rules`)")
+    p.add_argument("--baseline", action="store_true", help="target-only decoding with the same sampling plus the rule's true-baseline truncation; no draft loaded")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON record")
+    p.add_argument("--no-cost-model", action="store_true", help="skip measuring per-call costs for the cost-model speedup")
+    _add_model_args(p)
+    _add_decoding_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    _add_bench_parsers(sub)
+    return ap
+
+
+def _add_bench_parsers(sub) -> None:
+    from verispec.bench.cli import add_parsers
+
+    add_parsers(sub, _add_model_args, _add_decoding_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"verispec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("verispec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""Decoding loops: target-only (the baseline and ground truth) and chain speculative decoding.
+
+Cache invariant of the chain loop: both models' KV caches hold every committed token except the
+last one, ``pending``. A step
+
+1. drafts ``x_1..x_g`` with the draft model (feeding ``pending`` first, then each draft token),
+2. runs one target forward over ``[pending, x_1..x_g]`` -> ``p_1..p_{g+1}``,
+3. calls ``rule.verify`` -> ``n`` accepted drafts and the next token ``z``,
+4. commits ``x_1..x_n, z``, rolls both caches back to ``committed − 1`` tokens, ``pending = z``.
+
+``g = min(γ, budget − 1)`` so that ``max_new_tokens`` is never exceeded; when one token is left it is
+sampled from the target alone. EOS or a stop string inside an accepted block ends the output at the
+token that completes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.engine.stats import CallCosts, Stats
+from verispec.models.base import Backend, check_compatible
+from verispec.rules import Rule, get as get_rule
+from verispec.rules.base import sample_categorical
+from verispec.sampling import SamplingConfig
+
+#: observer(p [G+1, V], q [G, V], draft [G], n_accepted) called after every verification.
+Observer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    stats: Stats
+
+
+class _Output:
+    """Committed tokens with exact EOS / stop-string / budget handling."""
+
+    def __init__(self, backend: Backend, stop: Sequence[str], max_new_tokens: int) -> None:
+        self.backend, self.stop, self.max_new = backend, tuple(s for s in stop if s), max_new_tokens
+        self.tokens: list[int] = []
+        self.text = ""
+        self.stop_reason = ""
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - len(self.tokens)
+
+    def extend(self, new: Sequence[int]) -> bool:
+        """Append ``new``; returns True when the generation is over (EOS, stop string or budget)."""
+        for tok in new:
+            if tok in self.backend.eos_token_ids:
+                self.stop_reason = "eos"
+                break
+            self.tokens.append(int(tok))
+            if self.stop and self._cut_at_stop():
+                self.stop_reason = "stop"
+                break
+            if len(self.tokens) >= self.max_new:
+                self.stop_reason = "length"
+                break
+        if self.stop_reason:
+            self.text = self._text_without_stop()
+            return True
+        return False
+
+    def _cut_at_stop(self) -> bool:
+        # Only the tail can contain a stop string that the last token completed.
+        window = max(len(s) for s in self.stop) + 32
+        tail = self.backend.detokenize(self.tokens[-window:])
+        return any(s in tail for s in self.stop)
+
+    def _text_without_stop(self) -> str:
+        text = self.backend.detokenize(self.tokens)
+        if self.stop_reason == "stop":
+            cut = min((text.find(s) for s in self.stop if s in text), default=-1)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def finish(self) -> str:
+        if not self.stop_reason:
+            self.text = self.backend.detokenize(self.tokens)
+        return self.text
+
+
+def _check_prompt(backend: Backend, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(ids) >= backend.context_length:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but {backend.name} has a context of {backend.context_length}: "
+            "shorten the prompt or raise the context length (--n-ctx)"
+        )
+    return ids
+
+
+def _budget(backend: Backend, n_prompt: int, max_new_tokens: int, gamma: int) -> int:
+    # A verification forward may hold γ+1 tokens beyond the committed ones.
+    room = backend.context_length - n_prompt - gamma - 1
+    return max(1, min(max_new_tokens, room))
+
+
+def generate_target_only(
+    target: Backend,
+    prompt_ids: Sequence[int],
+    *,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    seed: int = 0,
+    vocab_width: int | None = None,
+) -> GenerationResult:
+    """Plain autoregressive sampling from the target with ``sampling`` (one forward per token)."""
+    ids = _check_prompt(target, prompt_ids, max_new_tokens)
+    width = vocab_width or target.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    stats = Stats(mode="target_only", rule="", gamma=0)
+    out = _Output(target, stop, _budget(target, len(ids), max_new_tokens, 0))
+    target.reset()
+    t0 = time.perf_counter()
+    logits = target.forward(ids, all_logits=False)
+    stats.prefill_s = time.perf_counter() - t0
+    start = time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        probs = sampling.process(logits[-1:, :width])
+        tok = int(sample_categorical(probs, gen)[0])
+        stats.rule_s += time.perf_counter() - t
+        if out.extend([tok]):
+            break
+        t = time.perf_counter()
+        logits = target.forward([tok], all_logits=False)
+        stats.verify_s += time.perf_counter() - t
+        stats.target_calls += 1
+    stats.target_calls += 1  # the prefill forward produced the first token's distribution
+    stats.wall_s = time.perf_counter() - start
+    stats.new_tokens = len(out.tokens) + (out.stop_reason == "eos")
+    stats.stop_reason = out.stop_reason
+    return GenerationResult(out.finish(), out.tokens, stats)
+
+
+def generate(
+    target: Backend,
+    draft: Backend,
+    prompt_ids: Sequence[int],
+    *,
+    rule: Rule | str,
+    sampling: SamplingConfig,
+    gamma: int,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    seed: int = 0,
+    observer: Observer | None = None,
+    vocab_width: int | None = None,
+    costs: CallCosts | None = None,
+) -> GenerationResult:
+    """Chain speculative decoding of ``prompt_ids`` with ``rule``; see the module docstring.
+
+    ``vocab_width`` (from :func:`check_compatible`, computed when omitted) slices both models' logits
+    to the shared vocabulary. ``costs`` (from :func:`measure_costs`) fills ``stats.cost_model_speedup``.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
+    rule = get_rule(rule)
+    ids = _check_prompt(target, prompt_ids, max_new_tokens)
+    _check_prompt(draft, ids, max_new_tokens)
+    width = vocab_width or check_compatible(target, draft)
+    gen = torch.Generator().manual_seed(seed)
+    stats = Stats(mode="sd", rule=rule.spec(), gamma=gamma)
+    out = _Output(target, stop, _budget(target, len(ids), max_new_tokens, gamma))
+
+    target.reset()
+    draft.reset()
+    t0 = time.perf_counter()
+    if len(ids) > 1:
+        target.forward(ids[:-1], all_logits=False)
+        draft.forward(ids[:-1], all_logits=False)
+    stats.prefill_s = time.perf_counter() - t0
+    committed = len(ids)          # tokens in the sequence; the caches hold committed − 1
+    pending = [ids[-1]]           # tokens the draft cache still has to see (pending first)
+
+    start = time.perf_counter()
+    while True:
+        g = min(gamma, out.remaining - 1)
+        if g < 1:
+            # One token left: sample it from the target alone (bonus semantics).
+            t = time.perf_counter()
+            logits = target.forward(pending[-1:], all_logits=False)
+            stats.verify_s += time.perf_counter() - t
+            stats.target_calls += 1
+            t = time.perf_counter()
+            tok = int(sample_categorical(sampling.process(logits[:, :width]), gen)[0])
+            stats.rule_s += time.perf_counter() - t
+            out.extend([tok])
+            break
+
+        t = time.perf_counter()
+        draft_tokens = torch.empty(g, dtype=torch.long)
+        q_rows = []
+        feed = pending
+        for i in range(g):
+            logits = draft.forward(feed, all_logits=False)
+            q_i = sampling.process(logits[:, :width])
+            tok = sample_categorical(q_i, gen)
+            draft_tokens[i] = tok[0]
+            q_rows.append(q_i[0])
+            feed = [int(tok[0])]
+        stats.draft_calls += g
+        stats.draft_s += time.perf_counter() - t
+
+        t = time.perf_counter()
+        block = [pending[-1]] + draft_tokens.tolist()
+        target_logits = target.forward(block, all_logits=True)
+        stats.verify_s += time.perf_counter() - t
+        stats.target_calls += 1
+
+        t = time.perf_counter()
+        p = sampling.process(target_logits[:, :width])
+        q = torch.stack(q_rows)
+        n_acc, nxt = rule.verify(p[None], q[None], draft_tokens[None], generator=gen)
+        n = int(n_acc[0])
+        stats.rule_s += time.perf_counter() - t
+        stats.record_step(n, g)
+        if observer is not None:
+            observer(p, q, draft_tokens, n)
+
+        emitted = draft_tokens[:n].tolist() + [int(nxt[0])]
+        if out.extend(emitted):
+            break
+        # Target cache holds committed − 1 + g + 1 tokens; keep up to x_n.
+        target.rollback(committed + n)
+        # Draft cache saw pending and x_1..x_{g−1}.
+        draft_kept = committed + min(n, g - 1)
+        draft.rollback(draft_kept)
+        committed += n + 1
+        # The draft has not seen z, nor x_g when the whole block was accepted.
+        pending = emitted[-2:] if n == g else emitted[-1:]
+    stats.wall_s = time.perf_counter() - start
+    stats.new_tokens = len(out.tokens) + (out.stop_reason == "eos")
+    stats.stop_reason = out.stop_reason
+    if costs is not None:
+        stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
+    return GenerationResult(out.finish(), out.tokens, stats)
+
+
+def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int, repeats: int = 5) -> CallCosts:
+    """Median seconds of a draft 1-token forward, a target 1-token forward and a target (γ+1)-token
+    forward, measured on this hardware after a prefill of ``prompt_ids``."""
+    ids = [int(t) for t in prompt_ids]
+    stamps: dict[str, list[float]] = {"draft": [], "target1": [], "block": []}
+    for backend in (target, draft):
+        backend.reset()
+        backend.forward(ids, all_logits=False)
+    base = len(ids)
+    filler = ids[-1:] * (gamma + 1)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        draft.forward(filler[:1], all_logits=False)
+        stamps["draft"].append(time.perf_counter() - t)
+        draft.rollback(base)
+        t = time.perf_counter()
+        target.forward(filler[:1], all_logits=False)
+        stamps["target1"].append(time.perf_counter() - t)
+        target.rollback(base)
+        t = time.perf_counter()
+        target.forward(filler, all_logits=True)
+        stamps["block"].append(time.perf_counter() - t)
+        target.rollback(base)
+    med = {k: sorted(v)[len(v) // 2] for k, v in stamps.items()}
+    return CallCosts(gamma=gamma, draft_token=med["draft"], target_token=med["target1"], target_block=med["block"])
