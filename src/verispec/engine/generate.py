@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.engine.stats import CallCosts, Stats
-from verispec.models.base import Backend, check_compatible
+from verispec.models.base import Backend, check_compatible, tokenizer_size
 from verispec.rules import Rule, get as get_rule
 from verispec.rules.base import sample_categorical
 from verispec.sampling import SamplingConfig
@@ -119,9 +119,12 @@ def generate_target_only(
     seed: int = 0,
     vocab_width: int | None = None,
 ) -> GenerationResult:
-    """Plain autoregressive sampling from the target with ``sampling`` (one forward per token)."""
+    """Plain autoregressive sampling from the target with ``sampling`` (one forward per token).
+
+    ``vocab_width`` slices the logits (default: the tokenizer's size, dropping padded rows)."""
     ids = _check_prompt(target, prompt_ids, max_new_tokens)
-    width = vocab_width or target.vocab_size
+    # Logits rows past the tokenizer are padding: never sample them.
+    width = vocab_width or min(target.vocab_size, tokenizer_size(target))
     gen = torch.Generator().manual_seed(seed)
     stats = Stats(mode="target_only", rule="", gamma=0)
     out = _Output(target, stop, _budget(target, len(ids), max_new_tokens, 0))

@@ -1,0 +1,1 @@
+"""Benchmark layer: datasets, prompts, answer checkers, the code sandbox, result store and statistics."""

@@ -1,0 +1,43 @@
+"""Diagnostics of verification rules on real positions: exact distortion, acceptance and speed.
+
+* :mod:`~verispec.diagnose.record` — :class:`PositionRecorder`, compact (exact-where-it-matters)
+  records of ``(p, q)`` rows with meta, saved to one compressed ``.npz``;
+* :mod:`~verispec.diagnose.measures` — per-position measures (:func:`measure`), the same on records
+  with compression-error bounds (:func:`measure_records`), corpus summaries (:func:`summarize`),
+  JSON / Markdown writers and :func:`rank_correlation`;
+* :mod:`~verispec.diagnose.plots` — frontier, entropy and single-position figures (matplotlib Agg);
+* :mod:`~verispec.diagnose.corpus` — :func:`collect_corpus` records the drafted positions of real
+  lossless generations through the engine's observer hook.
+"""
+
+from verispec.diagnose.corpus import collect_corpus
+from verispec.diagnose.measures import (
+    MEASURES,
+    diagnostics_markdown,
+    distortion_by_rule,
+    measure,
+    measure_records,
+    rank_correlation,
+    recorded_block_efficiency,
+    summarize,
+    tokens_per_call,
+    write_diagnostics_json,
+    write_diagnostics_markdown,
+)
+from verispec.diagnose.record import PositionRecorder
+
+__all__ = [
+    "PositionRecorder",
+    "MEASURES",
+    "measure",
+    "measure_records",
+    "tokens_per_call",
+    "summarize",
+    "recorded_block_efficiency",
+    "write_diagnostics_json",
+    "diagnostics_markdown",
+    "write_diagnostics_markdown",
+    "distortion_by_rule",
+    "rank_correlation",
+    "collect_corpus",
+]

@@ -1,0 +1,73 @@
+"""A fast, exact, context-dependent fake language model implementing the Backend protocol.
+
+Logits at a position are a deterministic function of the whole prefix (seeded by its hash), so the
+engine's cache handling (prefill, block forwards, rollbacks) is checked against ground truth that is
+cheap to compute: ``FakeLM.next_logits(prefix)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+
+class FakeLM:
+    def __init__(self, vocab: int = 4, seed: int = 0, scale: float = 1.5, eos: int | None = None,
+                 alphabet: str = "abcdefghijklmnopqrstuvwxyz", context_length: int = 512,
+                 bias: dict[int, float] | None = None) -> None:
+        self.vocab_size = vocab
+        self.seed, self.scale = seed, scale
+        self.alphabet = alphabet
+        self.eos_token_ids = frozenset([eos]) if eos is not None else frozenset()
+        self.context_length = context_length
+        self.name = f"fake(v={vocab},seed={seed})"
+        self.bias = bias or {}
+        self.tokens: list[int] = []
+        self.forward_calls = 0
+
+    # -- text -----------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        return [self.alphabet.index(c) for c in text]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return "".join(self.alphabet[i] for i in ids if i not in self.eos_token_ids)
+
+    def token_piece(self, token_id: int) -> str:
+        return self.alphabet[token_id]
+
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
+        return self.tokenize(user_message)
+
+    # -- model ----------------------------------------------------------------------------------
+    def next_logits(self, prefix: Sequence[int]) -> torch.Tensor:
+        key = hashlib.sha256(f"{self.seed}:{','.join(map(str, prefix))}".encode()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
+        logits = torch.randn(self.vocab_size, generator=gen, dtype=torch.float64) * self.scale
+        for tok, b in self.bias.items():
+            logits[tok] += b
+        return logits.float()
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    @property
+    def n_cached(self) -> int:
+        return len(self.tokens)
+
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> torch.Tensor:
+        toks = [int(t) for t in tokens]
+        assert toks, "empty forward"
+        assert len(self.tokens) + len(toks) <= self.context_length, "context overflow"
+        self.forward_calls += 1
+        rows = []
+        for t in toks:
+            self.tokens.append(t)
+            rows.append(self.next_logits(self.tokens))
+        out = torch.stack(rows)
+        return out if all_logits else out[-1:]
+
+    def rollback(self, length: int) -> None:
+        assert 0 <= length <= len(self.tokens), (length, len(self.tokens))
+        del self.tokens[length:]
