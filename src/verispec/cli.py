@@ -148,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bench_parsers(sub) -> None:
     from verispec.bench.cli import add_parsers
+    from verispec.diagnose.cli import add_parser as add_diagnose_parser
 
     add_parsers(sub, _add_model_args, _add_decoding_args)
+    add_diagnose_parser(sub, _add_model_args, _add_decoding_args)
 
 
 def main(argv: list[str] | None = None) -> int:

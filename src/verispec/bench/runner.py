@@ -258,7 +258,7 @@ class Bench:
             self.log(f"bench: {len(plan)} runs, {total} samples, {total - len(todo)} already done, {len(todo)} to go -> {self.out}")
             if not todo:
                 return self.out
-            target, draft, width = (self._load_models or _default_models)(self.cfg, need_draft=any(r.rule for _, _, r in todo))
+            target, draft, width = (self._load_models or load_models_for)(self.cfg, need_draft=any(r.rule for _, _, r in todo))
             costs = {}
             prompts: dict[tuple[str, str], list[int]] = {}
             bar = _progress(len(todo), self.progress)
@@ -307,7 +307,7 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, unit="sample", dynamic_ncols=True, file=sys.stderr)
 
 
-def _default_models(cfg: BenchConfig, need_draft: bool):
+def load_models_for(cfg: BenchConfig, need_draft: bool):
     from verispec.models import check_compatible, load_backend
 
     kw = dict(n_threads=cfg.n_threads, n_ctx=cfg.n_ctx, device=cfg.device, dtype=cfg.dtype)

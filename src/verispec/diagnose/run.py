@@ -1,0 +1,159 @@
+"""`verispec diagnose`: record real verified positions, measure every rule's distortion, write figures.
+
+1. Generate each benchmark prompt with lossless SD (its trajectory follows the target exactly) and
+   record the drafted positions' (p, q) compactly (:class:`PositionRecorder`), saved to
+   ``corpus.npz``; a re-run with the same settings reuses it.
+2. For every rule spec: TV / KL between ``induced`` and ``reference``, overshoot, ceiling ratio, tail
+   leak, acceptance, tokens per call (:func:`summarize`) -> ``diagnostics.json``, ``diagnostics.md``.
+3. Figures: the frontier in distribution space, distortion vs target entropy, and a Figure-2-style
+   view of the position where the rules disagree most.
+4. With ``bench_dir``: the rank correlation between each rule's mean distortion and its accuracy gap
+   to its true baseline in that bench (``correlation.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from verispec import rules as rule_registry
+
+DEFAULT_DIAGNOSE_RULES = (
+    "lossless",
+    "typical:eps=0.05", "typical:eps=0.15", "typical:eps=0.25",
+    "speccascade:p_base=0.1", "speccascade:p_base=0.3", "speccascade:p_base=0.5",
+    "speccascade:p_base=0.7", "speccascade:p_base=0.9",
+    "lenience:ell=0.2", "lenience:ell=0.4", "lenience:ell=0.6", "lenience:ell=0.8",
+    "ceiling:kappa=5,base=we,lam=0.5", "ceiling:kappa=2.5,base=we,lam=0.5",
+    "ceiling:kappa=1.6667,base=we,lam=0.5", "ceiling:kappa=1.25,base=we,lam=0.5",
+    "cos_we:lam=0.2", "cos_we:lam=0.5", "cos_we:lam=0.8",
+    "cos_cd:mu=0.1", "cos_cd:mu=0.5",
+)
+
+
+@dataclass
+class DiagnoseConfig:
+    datasets: list[str] = field(default_factory=lambda: ["gsm8k", "math500"])
+    rules: list[str] = field(default_factory=lambda: list(DEFAULT_DIAGNOSE_RULES))
+    sampling: str = "temperature=0.7,top_k=20,top_p=0.8"
+    gamma: int = 5
+    limit: int | None = 5
+    offset: int = 0
+    max_new_tokens: int = 128
+    seed: int = 0
+    out: str = "verispec-out/diagnose"
+    data_dir: str | None = None
+    question_field: str | None = None
+    answer_field: str | None = None
+    id_field: str | None = None
+    checker: str | None = None
+    on_bad_row: str = "skip"
+    draft: str | None = None
+    target: str | None = None
+    n_threads: int | None = None
+    n_ctx: int = 4096
+    device: str = "cpu"
+    dtype: str | None = None
+    bench_dir: str | None = None
+    recollect: bool = False
+
+    def corpus_key(self) -> dict:
+        """The settings the recorded corpus depends on (rules and outputs do not matter)."""
+        keys = ("datasets", "sampling", "gamma", "limit", "offset", "max_new_tokens", "seed", "draft", "target",
+                "data_dir", "question_field", "answer_field", "id_field", "checker")
+        return {k: getattr(self, k) for k in keys}
+
+
+def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None) -> dict:
+    from verispec.bench.datasets import load_dataset
+    from verispec.diagnose.corpus import collect_corpus
+    from verispec.diagnose.measures import (
+        distortion_by_rule, rank_correlation, summarize, write_diagnostics_json, write_diagnostics_markdown,
+    )
+    from verispec.diagnose.plots import plot_distortion_vs_entropy, plot_frontier, plot_position
+    from verispec.diagnose.record import PositionRecorder
+    from verispec.sampling import SamplingConfig
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    for spec in cfg.rules:
+        rule_registry.get(spec)
+    if cfg.gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {cfg.gamma}")
+    sampling = SamplingConfig.parse(cfg.sampling)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus_path, key_path = out / "corpus.npz", out / "corpus.json"
+
+    if corpus_path.exists() and key_path.exists() and not cfg.recollect and json.loads(key_path.read_text()) == cfg.corpus_key():
+        corpus = PositionRecorder.load(corpus_path)
+        log(f"diagnose: reusing {len(corpus)} recorded positions from {corpus_path}")
+    else:
+        problems = []
+        for name in cfg.datasets:
+            ds = load_dataset(name, data_dir=cfg.data_dir, question_field=cfg.question_field, answer_field=cfg.answer_field,
+                              id_field=cfg.id_field, checker=cfg.checker, on_bad_row=cfg.on_bad_row, limit=cfg.limit,
+                              offset=cfg.offset)
+            for line, reason in ds.skipped:
+                log(f"{name}: skipped malformed row {line}: {reason}")
+            problems += ds.problems
+        if load_models is None:
+            from verispec.bench.runner import load_models_for as load_models
+        target, draft, _ = load_models(cfg, need_draft=True)
+        corpus = collect_corpus(target, draft, problems, sampling=sampling, gamma=cfg.gamma,
+                                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, recorder=PositionRecorder(), progress=progress)
+        corpus.save(corpus_path)
+        key_path.write_text(json.dumps(cfg.corpus_key()))
+        log(f"diagnose: recorded {len(corpus)} positions -> {corpus_path} ({corpus.bytes_per_position():.0f} B/position in memory)")
+
+    summary = summarize(corpus, cfg.rules, gamma=cfg.gamma)
+    write_diagnostics_json(out / "diagnostics.json", summary)
+    write_diagnostics_markdown(out / "diagnostics.md", summary)
+    plots = [
+        plot_frontier(summary, out / "frontier_distribution.png"),
+        plot_distortion_vs_entropy(summary, out / "distortion_vs_entropy.png"),
+    ]
+    figure2_rules = [s for s in ("lossless", "lenience:ell=0.4", "cos_we:lam=0.5", "speccascade:p_base=0.3", "typical:eps=0.15")]
+    index = _most_contested_position(corpus)
+    if index is not None:
+        plots.append(plot_position(corpus, index, figure2_rules, out / "figure2_position.png"))
+    result = {"summary": summary, "plots": [str(p) for p in plots], "n_positions": len(corpus), "out": str(out)}
+    if cfg.bench_dir:
+        gaps = accuracy_gaps(cfg.bench_dir)
+        corr = rank_correlation(distortion_by_rule(summary), gaps)
+        (out / "correlation.json").write_text(json.dumps({"accuracy_gap": gaps, **_jsonable(corr)}, indent=2))
+        result["correlation"] = corr
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return result
+
+
+def _most_contested_position(corpus) -> int | None:
+    """The recorded position where the draft overshoots the target the most (max Σ(q − p)+)."""
+    import torch
+
+    if len(corpus) == 0:
+        return None
+    p, q, _ = corpus.dense()
+    return int(torch.clamp(q - p, min=0).sum(-1).argmax())
+
+
+def accuracy_gaps(bench_dir: str) -> dict[str, float]:
+    """Mean accuracy gap (method − true baseline) per rule spec over the datasets of a bench."""
+    from verispec.bench.report import collect_rows
+
+    by_rule: dict[str, list[float]] = {}
+    for row in collect_rows(bench_dir):
+        if row["role"] == "method" and row.get("diff") is not None:
+            by_rule.setdefault(row["rule"], []).append(row["diff"])
+    return {rule: sum(v) / len(v) for rule, v in by_rule.items()}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item"):
+        return x.item()
+    return x

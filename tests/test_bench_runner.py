@@ -1,0 +1,216 @@
+"""The bench harness: planning and pairing, sweeps, resumability after kill -9, report; with fake models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_lm import FakeLM
+from verispec.bench import runner
+from verispec.bench.store import ResultStore
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+
+
+class DigitLM(FakeLM):
+    """Emits digits, so a GSM8K-style checker grades its (random) answers; chat prompt = hashed text."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(vocab=10, seed=seed, alphabet="0123456789", scale=1.0)
+
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
+        return [sum(map(ord, user_message)) % 10, len(user_message) % 10]
+
+
+def fake_models(cfg, need_draft):
+    return DigitLM(1), (DigitLM(2) if need_draft else None), 10
+
+
+def write_dataset(path: Path, n: int) -> Path:
+    rows = [{"question": f"What is {i} + {i % 3}?", "answer": str((2 * i + i % 3) % 10), "id": f"q{i}"} for i in range(n)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def config(tmp_path: Path, **kw) -> runner.BenchConfig:
+    data = write_dataset(tmp_path / "digits.jsonl", kw.pop("n_rows", 12))
+    base = dict(datasets=[str(data)], question_field="question", answer_field="answer", id_field="id", checker="gsm8k",
+                rules=["lenience:ell=0.5", "speccascade:p_base=0.3", "lossless"], samplings=["temperature=1"],
+                gammas=[3], limit=None, max_new_tokens=1, n_samples=2, out=str(tmp_path / "out"))
+    base.update(kw)
+    return runner.BenchConfig(**base)
+
+
+def test_split_rule_list_keeps_parameters_with_their_rule():
+    assert runner.split_rule_list("lenience:ell=0.5,ceiling:kappa=2,base=we,lam=0.3,lossless,typical:0.1,0.3") == [
+        "lenience:ell=0.5", "ceiling:kappa=2,base=we,lam=0.3", "lossless", "typical:0.1,0.3",
+    ]
+
+
+def test_plan_pairs_every_lossy_rule_with_its_true_baseline(tmp_path):
+    cfg = config(tmp_path, rules=["lenience:ell=0.5", "speccascade:p_base=0.3", "typical:eps=0.2", "lossless", "block"])
+    plan = runner.plan_runs(cfg, "d", "t")
+    by_id = {r.key.run_id: r for r in plan}
+    roles = sorted(r.key.role for r in plan)
+    assert roles.count("target_only") == 1 and roles.count("lossless_ref") == 1 and roles.count("baseline") == 2
+    for r in plan:
+        if r.key.role != "method":
+            continue
+        base = by_id[r.pair["baseline"]]
+        assert base.rule is None and base.key.gamma == 0
+        assert by_id[r.pair["lossless_ref"]].key.rule == "lossless"
+        if r.key.rule.startswith("speccascade"):
+            assert base.sampling.min_p == 0.3 and base.key.role == "baseline"
+        elif r.key.rule.startswith("typical"):
+            assert base.sampling.eta == 0.2 and base.key.role == "baseline"
+        else:
+            assert base.key.role == "target_only" and base.sampling.min_p == 0 and base.sampling.eta == 0
+    assert not any(r.key.role == "method" and r.key.rule == "lossless" for r in plan)  # the reference run is it
+    no_base = runner.plan_runs(config(tmp_path, baselines=False, target_only=False, lossless_ref=False), "d", "t")
+    assert all(r.key.role == "method" and "baseline" not in r.pair for r in no_base)
+
+
+def test_sweep_files(tmp_path):
+    toml = tmp_path / "grid.toml"
+    toml.write_text('dataset = ["gsm8k", "math500"]\nrules = ["lenience:ell=0.5"]\ngamma = [3, 5]\nlimit = 2\n')
+    cfg = runner.load_sweep(toml)
+    assert cfg.datasets == ["gsm8k", "math500"] and cfg.gammas == [3, 5] and cfg.limit == 2
+    assert len([r for r in runner.plan_runs(cfg, "d", "t") if r.key.role == "method"]) == 4
+    yaml_file = tmp_path / "grid.yaml"
+    yaml_file.write_text("datasets: humaneval\nsampling: ['temperature=0.7', 'temperature=0']\n")
+    assert runner.load_sweep(yaml_file).samplings == ["temperature=0.7", "temperature=0"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rulez = ['x']\n")
+    with pytest.raises(ValueError, match="unknown sweep key 'rulez'"):
+        runner.load_sweep(bad)
+    bad.write_text("rules = ['lenience:ell=7']\n")
+    with pytest.raises(ValueError, match="ell"):
+        runner.load_sweep(bad)
+
+
+def test_bench_runs_pairs_and_reports(tmp_path):
+    cfg = config(tmp_path)
+    out, report = runner.run_bench(cfg, progress=False, load_models=fake_models, log=lambda m: None)
+    store = ResultStore(out / runner.STORE_NAME)
+    runs = store.runs()
+    assert len(runs) == 5  # target-only, lossless ref, lenience, speccascade, min-p baseline
+    for key, pair in runs:
+        samples = store.samples(key.run_id)
+        assert len(samples) == 12 * 2
+        assert {s.sample_idx for s in samples} == {0, 1}
+        if key.role == "method":
+            assert set(pair) == {"baseline", "lossless_ref"}
+            assert all(s.target_calls >= 1 for s in samples)
+    store.close()
+    text = Path(report.markdown_path).read_text()
+    assert "lenience:ell=0.5" in text and "speccascade:p_base=0.3" in text
+    assert all(Path(p).stat().st_size > 1000 for p in report.plot_paths)
+    # Identical seeds per (problem, sample) across runs: a lossless run emits the target-only tokens at T=0.
+    (tmp_path / "g").mkdir()
+    greedy = config(tmp_path / "g", samplings=["temperature=0"], rules=["lossless"], max_new_tokens=3, n_samples=1)
+    out_g, _ = runner.run_bench(greedy, progress=False, load_models=fake_models, log=lambda m: None, report=False)
+    store = ResultStore(out_g / runner.STORE_NAME)
+    outputs = {key.role: {s.problem_id: s.output for s in store.samples(key.run_id)} for key, _ in store.runs()}
+    assert outputs["target_only"] == outputs["lossless_ref"]
+
+
+def test_rerun_resumes_and_never_duplicates(tmp_path):
+    cfg = config(tmp_path)
+    runner.run_bench(cfg, progress=False, load_models=fake_models, log=lambda m: None, report=False)
+    messages = []
+    runner.run_bench(cfg, progress=False, load_models=fake_models, log=messages.append, report=False)
+    assert any("0 to go" in m for m in messages)
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path[:0] = [{src!r}, {tests!r}]
+    import test_bench_runner as T
+    from verispec.bench import runner
+    from pathlib import Path
+    cfg = T.config(Path({tmp!r}))
+    slow = lambda c, need_draft: tuple(T.SlowLM(m) if m is not None else None for m in T.fake_models(c, need_draft)[:2]) + (10,)
+    runner.run_bench(cfg, progress=False, load_models=slow, log=lambda m: None, report=False)
+    """
+)
+
+
+class SlowLM:
+    """Wraps a FakeLM so a generation takes long enough to be killed in the middle."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def forward(self, tokens, *, all_logits=True):
+        time.sleep(0.01)
+        return self._inner.forward(tokens, all_logits=all_logits)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_kill_minus_nine_loses_at_most_the_row_in_flight(tmp_path):
+    reference_dir = tmp_path / "ref"
+    reference_dir.mkdir()
+    cfg_ref = config(reference_dir)
+    out_ref, _ = runner.run_bench(cfg_ref, progress=False, load_models=fake_models, log=lambda m: None, report=False)
+    store = ResultStore(out_ref / runner.STORE_NAME)
+    expected = {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct) for k, _ in store.runs() for s in store.samples(k.run_id)}
+    store.close()
+
+    script = tmp_path / "kill_me.py"
+    script.write_text(KILL_SCRIPT.format(src=str(SRC), tests=str(TESTS), tmp=str(tmp_path)))
+    db = tmp_path / "out" / runner.STORE_NAME
+    counts = []
+    for delay in (1.5, 2.5, 2.0):
+        proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": ""})
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if db.exists():
+            store = ResultStore(db)
+            counts.append(store.count())
+            store.close()
+    assert counts and counts[-1] > 0, "the killed runs should have written rows"
+    assert counts == sorted(counts)
+    # Finish in-process and compare with the uninterrupted run: same rows, same outcomes, no duplicates.
+    runner.run_bench(config(tmp_path), progress=False, load_models=fake_models, log=lambda m: None, report=False)
+    store = ResultStore(db)
+    got = {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct) for k, _ in store.runs() for s in store.samples(k.run_id)}
+    assert store.count() == len(expected)
+    store.close()
+    assert got == expected
+
+
+def test_bad_dataset_rows_are_reported_not_fatal(tmp_path):
+    cfg = config(tmp_path, n_rows=5)
+    data = Path(cfg.datasets[0])
+    with data.open("a") as fh:
+        fh.write("{not json\n")
+        fh.write(json.dumps({"question": "no answer here", "id": "x"}) + "\n")
+    messages = []
+    runner.run_bench(cfg, progress=False, load_models=fake_models, log=messages.append, report=False)
+    assert sum("skipped malformed row" in m for m in messages) == 2
+    cfg.on_bad_row = "error"
+    with pytest.raises(ValueError, match="6"):
+        runner.Bench(cfg, progress=False, load_models=fake_models).load_problems()
+
+
+def test_cli_errors(tmp_path, capsys):
+    from verispec.cli import main
+
+    assert main(["bench", "--rules", "nonsense", "--dry-run"]) == 2
+    assert "unknown rule" in capsys.readouterr().err
+    assert main(["bench", "--gamma", "0", "--dry-run"]) == 2
+    assert main(["generate", "--prompt", "x", "--target", str(tmp_path / "missing.gguf"), "--baseline"]) == 2
+    assert "missing.gguf" in capsys.readouterr().err
