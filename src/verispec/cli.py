@@ -106,7 +106,7 @@ def cmd_generate(args) -> int:
             max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, vocab_width=width, costs=costs,
         )
     if args.json:
-        record = {"text": result.text, "tokens": result.tokens, "mode": "baseline" if args.baseline else "sd",
+        record = {"text": result.text, "tokens": result.tokens,
                   "rule": "" if args.baseline else rule.spec(), "sampling": sampling.spec()}
         record.update(result.stats.to_dict())
         print(json.dumps(record))

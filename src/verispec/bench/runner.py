@@ -246,16 +246,16 @@ class Bench:
             for run in plan:
                 store.register_run(run.key, {k: v for k, v in run.pair.items() if v})
             done = {run.key.run_id: store.done(run.key.run_id) for run in plan}
-            todo = [
+            work = [
                 (problem, k, run)
                 for dataset, problems in self.problems.items()
                 for problem in problems
                 for k in range(self.cfg.n_samples)
                 for run in plan
-                if run.key.dataset == dataset and (problem.id, k) not in done[run.key.run_id]
+                if run.key.dataset == dataset
             ]
-            total = sum(len(p) for p in self.problems.values()) * self.cfg.n_samples * len(plan)
-            self.log(f"bench: {len(plan)} runs, {total} samples, {total - len(todo)} already done, {len(todo)} to go -> {self.out}")
+            todo = [(problem, k, run) for problem, k, run in work if (problem.id, k) not in done[run.key.run_id]]
+            self.log(f"bench: {len(plan)} runs, {len(work)} samples, {len(work) - len(todo)} already done, {len(todo)} to go -> {self.out}")
             if not todo:
                 return self.out
             target, draft, width = (self._load_models or load_models_for)(self.cfg, need_draft=any(r.rule for _, _, r in todo))
