@@ -238,3 +238,22 @@ def test_lossless_law_on_tiny_hf_models(tiny_hf_pair):
         lambda s: generate(target, draft, prompt, rule="lossless", sampling=sampling, gamma=3, max_new_tokens=2, seed=s), 1500, 2
     )
     assert_law(counts, law)
+
+
+def test_lossy_rule_law_on_tiny_hf_models(tiny_hf_pair):
+    """First token of CoS-WE SD through the transformers backend follows the rule's induced law."""
+    target, draft = tiny_hf_pair.target, tiny_hf_pair.draft
+    sampling = SamplingConfig.parse("temperature=1,top_k=4")
+    prompt = target.chat_prompt("xy")
+    width = 99
+    target.reset()
+    draft.reset()
+    p = sampling.process(target.forward(prompt, all_logits=False)[:, :width].float()).double()
+    q = sampling.process(draft.forward(prompt, all_logits=False)[:, :width].float()).double()
+    rule = R.get("cos_we:lam=0.3")
+    induced = rule.induced(p, q)[0].numpy()
+    counts = np.zeros(width)
+    for s in range(1200):
+        counts[generate(target, draft, prompt, rule=rule, sampling=sampling, gamma=2, max_new_tokens=2, seed=s).tokens[0]] += 1
+    assert gof_pvalue(counts, induced) > ALPHA
+    assert np.abs(induced - p[0].numpy()).sum() > 0.05  # the rule is visibly lossy here, so the test discriminates
