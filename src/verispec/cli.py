@@ -35,14 +35,9 @@ def _add_decoding_args(ap: argparse.ArgumentParser) -> None:
 
 
 def _load_models(args, need_draft: bool):
-    from verispec.models import check_compatible, load_backend
+    from verispec.bench.runner import load_models_for
 
-    kw = dict(n_threads=args.n_threads, n_ctx=args.n_ctx, device=args.device, dtype=args.dtype)
-    target = load_backend(args.target, role="target", **kw)
-    if not need_draft:
-        return target, None, None
-    draft = load_backend(args.draft, role="draft", **kw)
-    return target, draft, check_compatible(target, draft)
+    return load_models_for(args, need_draft)
 
 
 def cmd_demo(args) -> int:

@@ -307,7 +307,9 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, unit="sample", dynamic_ncols=True, file=sys.stderr)
 
 
-def load_models_for(cfg: BenchConfig, need_draft: bool):
+def load_models_for(cfg, need_draft: bool):
+    """``(target, draft or None, shared vocabulary width or None)`` from any settings object with
+    ``target``, ``draft``, ``n_threads``, ``n_ctx``, ``device`` and ``dtype`` (a config or CLI args)."""
     from verispec.models import check_compatible, load_backend
 
     kw = dict(n_threads=cfg.n_threads, n_ctx=cfg.n_ctx, device=cfg.device, dtype=cfg.dtype)
