@@ -196,7 +196,7 @@ def test_explicit_path_and_default_data_dir(monkeypatch):
     assert len(he.problems) == 164 and he.problems[0].answer["kind"] == "evalplus"
     assert he.name == "humaneval_plus" and he.problems[0].dataset == "humaneval_plus"
     monkeypatch.delenv("VERISPEC_DATA", raising=False)
-    assert default_data_dir() == DATA.resolve()
+    assert default_data_dir().resolve() == DATA.resolve()
     assert len(load_dataset("aime2025").problems) == 30  # found without data_dir
     monkeypatch.setenv("VERISPEC_DATA", str(DATA))
     assert default_data_dir() == DATA

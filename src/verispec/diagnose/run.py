@@ -128,14 +128,24 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     return result
 
 
+#: Positions shown in the Figure-2 view need an uncertain target (nats), else every rule looks alike.
+FIGURE2_MIN_ENTROPY = 0.5
+
+
 def _most_contested_position(corpus) -> int | None:
-    """The recorded position where the draft overshoots the target the most (max Σ(q − p)+)."""
+    """The recorded position where the draft overshoots the target the most (max Σ(q − p)+), among
+    positions whose target entropy is at least :data:`FIGURE2_MIN_ENTROPY` when there are any."""
     import torch
 
     if len(corpus) == 0:
         return None
     p, q, _ = corpus.dense()
-    return int(torch.clamp(q - p, min=0).sum(-1).argmax())
+    overshoot = torch.clamp(q - p, min=0).sum(-1)
+    entropy = torch.as_tensor(corpus.arrays["target_entropy"].astype("float64"))
+    uncertain = entropy >= FIGURE2_MIN_ENTROPY
+    if uncertain.any():
+        overshoot = torch.where(uncertain, overshoot, torch.full_like(overshoot, -1.0))
+    return int(overshoot.argmax())
 
 
 def accuracy_gaps(bench_dir: str) -> dict[str, float]:
