@@ -15,8 +15,7 @@ import torch
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last dimension, with 0·log 0 = 0. ``[..., V] -> [...]``."""
-    logp = torch.where(p > 0, p.log(), torch.zeros_like(p))
-    return -(p * logp).sum(-1)
+    return torch.special.entr(p).sum(-1)
 
 
 def _keep_argmax(keep: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
