@@ -65,11 +65,12 @@ def _stats_table(stats, baseline: bool) -> str:
             ("mean accepted per step", f"{d['mean_accepted']:.3f}"),
             ("accepted-per-step histogram", d["accepted_hist"]),
             ("per-position acceptance", "[" + ", ".join(f"{x:.2f}" for x in d["per_position_acceptance"]) + "]"),
-            ("draft time (s)", f"{d['draft_s']:.3f}"),
+            ("draft forward time (s)", f"{d['draft_s']:.3f}"),
+            ("sampling + rule time (s)", f"{d['rule_s']:.3f}"),
         ]
     rows += [
         ("target forward time (s)", f"{d['verify_s']:.3f}"),
-        ("other time (s)", f"{d['other_s']:.3f}"),
+        ("outside model calls (s)", f"{d['other_s']:.3f}"),
         ("wall time after prefill (s)", f"{d['wall_s']:.3f}"),
         ("tokens/s", f"{d['tokens_per_s']:.2f}"),
         ("stop reason", d["stop_reason"]),

@@ -39,8 +39,8 @@ STORE_NAME = "results.sqlite"
 
 #: The main job: `verispec bench` with no arguments (sized to finish in ~15 minutes on 2 CPU cores).
 DEFAULT_DATASET = "humaneval"
-DEFAULT_LIMIT = 4
-DEFAULT_MAX_NEW_TOKENS = 160
+DEFAULT_LIMIT = 3
+DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_RULES = (
     "lossless",
     "typical:eps=0.15",

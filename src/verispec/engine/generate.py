@@ -206,19 +206,21 @@ def generate(
             out.extend([tok])
             break
 
-        t = time.perf_counter()
         draft_tokens = torch.empty(g, dtype=torch.long)
         q_rows = []
         feed = pending
         for i in range(g):
+            t = time.perf_counter()
             logits = draft.forward(feed, all_logits=False)
+            t_mid = time.perf_counter()
             q_i = sampling.process(logits[:, :width])
             tok = sample_categorical(q_i, gen)
             draft_tokens[i] = tok[0]
             q_rows.append(q_i[0])
             feed = [int(tok[0])]
+            stats.draft_s += t_mid - t
+            stats.rule_s += time.perf_counter() - t_mid
         stats.draft_calls += g
-        stats.draft_s += time.perf_counter() - t
 
         t = time.perf_counter()
         block = [pending[-1]] + draft_tokens.tolist()

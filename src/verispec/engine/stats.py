@@ -47,9 +47,9 @@ class Stats:
     position_reached: list[int] = field(default_factory=list)   # steps whose draft position i was verified
     position_accepted: list[int] = field(default_factory=list)  # ... and accepted
     prefill_s: float = 0.0
-    draft_s: float = 0.0            # draft forwards + draft sampling
-    verify_s: float = 0.0           # target forwards (verification / decoding)
-    rule_s: float = 0.0             # target sampling pipeline + rule.verify (or target sampling)
+    draft_s: float = 0.0            # draft model forwards
+    verify_s: float = 0.0           # target model forwards (verification / decoding)
+    rule_s: float = 0.0             # sampling pipelines (draft and target), draft sampling, rule.verify
     wall_s: float = 0.0             # whole generation after the prefill
     stop_reason: str = ""           # "eos", "stop", "length"
     cost_model_speedup: float | None = None
