@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from verispec.bench import runner
+from verispec.bench.datasets import CHECKERS
 
 
 def add_parsers(sub, add_model_args, add_decoding_args) -> None:
@@ -19,13 +20,7 @@ def add_parsers(sub, add_model_args, add_decoding_args) -> None:
         f"rules {', '.join(runner.DEFAULT_RULES)}, {runner.DEFAULT_SAMPLING}, γ=5, "
         f"{runner.DEFAULT_MAX_NEW_TOKENS} new tokens, on the embedded pair.",
     )
-    p.add_argument("--dataset", action="append", default=None, help="dataset name or path (repeatable or comma-separated)")
-    p.add_argument("--data-dir", default=None, help="folder with the offline datasets (default: $VERISPEC_DATA or ../shared/data)")
-    p.add_argument("--question-field", default=None)
-    p.add_argument("--answer-field", default=None)
-    p.add_argument("--id-field", default=None)
-    p.add_argument("--checker", default=None, choices=["math", "gsm8k", "code", "bfcl", "choice"])
-    p.add_argument("--on-bad-row", default="skip", choices=["skip", "error"])
+    add_dataset_args(p, "dataset name or path (repeatable or comma-separated)")
     p.add_argument("--few-shot", type=int, default=0)
     p.add_argument("--rules", default=None, help="rule specs, comma-separated (e.g. lenience:ell=0.5,ceiling:kappa=2,base=we)")
     p.add_argument("--limit", type=int, default=None, help=f"problems per dataset (default {runner.DEFAULT_LIMIT})")
@@ -49,10 +44,26 @@ def add_parsers(sub, add_model_args, add_decoding_args) -> None:
     p.set_defaults(func=cmd_report)
 
 
+def add_dataset_args(p, dataset_help: str) -> None:
+    """The dataset-source flags shared by `bench` and `diagnose`."""
+    p.add_argument("--dataset", action="append", default=None, help=dataset_help)
+    p.add_argument("--data-dir", default=None, help="folder with the offline datasets (default: $VERISPEC_DATA or ../shared/data)")
+    p.add_argument("--question-field", default=None)
+    p.add_argument("--answer-field", default=None)
+    p.add_argument("--id-field", default=None)
+    p.add_argument("--checker", default=None, choices=list(CHECKERS))
+    p.add_argument("--on-bad-row", default="skip", choices=["skip", "error"])
+
+
+def dataset_list(values: list[str]) -> list[str]:
+    """``--dataset`` values, each possibly comma-separated, as one list."""
+    return [d.strip() for item in values for d in item.split(",") if d.strip()]
+
+
 def config_from_args(args) -> runner.BenchConfig:
     cfg = runner.load_sweep(args.sweep) if args.sweep else runner.BenchConfig()
     if args.dataset:
-        cfg.datasets = [d.strip() for item in args.dataset for d in item.split(",") if d.strip()]
+        cfg.datasets = dataset_list(args.dataset)
     if args.rules is not None:
         cfg.rules = runner.split_rule_list(args.rules)
     if args.sampling is not None:

@@ -220,17 +220,7 @@ class Bench:
         self.problems: dict[str, list[Problem]] = {}
 
     def load_problems(self) -> None:
-        for name in self.cfg.datasets:
-            ds = load_dataset(
-                name, data_dir=self.cfg.data_dir, question_field=self.cfg.question_field,
-                answer_field=self.cfg.answer_field, id_field=self.cfg.id_field, checker=self.cfg.checker,
-                on_bad_row=self.cfg.on_bad_row, limit=self.cfg.limit, offset=self.cfg.offset, few_shot=self.cfg.few_shot,
-            )
-            for line, reason in ds.skipped:
-                self.log(f"{name}: skipped malformed row {line}: {reason}")
-            if not ds.problems:
-                raise ValueError(f"dataset {name!r} has no usable problems")
-            self.problems[name] = ds.problems
+        self.problems = load_problems(self.cfg, self.log)
 
     def run(self) -> Path:
         from verispec.engine import generate, generate_target_only, measure_costs
@@ -305,6 +295,23 @@ def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, disable=not enabled, unit="sample", dynamic_ncols=True, file=sys.stderr)
+
+
+def load_problems(cfg, log: Callable[[str], None]) -> dict[str, list[Problem]]:
+    """Problems of every dataset of ``cfg`` (a bench or diagnose config); malformed rows are logged."""
+    problems: dict[str, list[Problem]] = {}
+    for name in cfg.datasets:
+        ds = load_dataset(
+            name, data_dir=cfg.data_dir, question_field=cfg.question_field, answer_field=cfg.answer_field,
+            id_field=cfg.id_field, checker=cfg.checker, on_bad_row=cfg.on_bad_row, limit=cfg.limit,
+            offset=cfg.offset, few_shot=getattr(cfg, "few_shot", 0),
+        )
+        for line, reason in ds.skipped:
+            log(f"{name}: skipped malformed row {line}: {reason}")
+        if not ds.problems:
+            raise ValueError(f"dataset {name!r} has no usable problems")
+        problems[name] = ds.problems
+    return problems
 
 
 def load_models_for(cfg, need_draft: bool):

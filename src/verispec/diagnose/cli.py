@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from verispec.bench.cli import add_dataset_args, dataset_list
 from verispec.diagnose.run import DEFAULT_DIAGNOSE_RULES, DiagnoseConfig, run_diagnose
 
 
@@ -15,13 +16,7 @@ def add_parser(sub, add_model_args, add_decoding_args) -> None:
         "measures each rule's induced distribution against its true baseline. Writes diagnostics.json, "
         "diagnostics.md and PNG figures to --out.",
     )
-    p.add_argument("--dataset", action="append", default=None, help="dataset name or path (repeatable or comma-separated); default gsm8k,math500")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--question-field", default=None)
-    p.add_argument("--answer-field", default=None)
-    p.add_argument("--id-field", default=None)
-    p.add_argument("--checker", default=None, choices=["math", "gsm8k", "code", "bfcl", "choice"])
-    p.add_argument("--on-bad-row", default="skip", choices=["skip", "error"])
+    add_dataset_args(p, "dataset name or path (repeatable or comma-separated); default gsm8k,math500")
     p.add_argument("--rules", default=None, help=f"rule specs, comma-separated (default: {len(DEFAULT_DIAGNOSE_RULES)} specs over every family)")
     p.add_argument("--limit", type=int, default=5, help="problems per dataset")
     p.add_argument("--offset", type=int, default=0)
@@ -40,7 +35,7 @@ def cmd_diagnose(args) -> int:
 
     cfg = DiagnoseConfig()
     if args.dataset:
-        cfg.datasets = [d.strip() for item in args.dataset for d in item.split(",") if d.strip()]
+        cfg.datasets = dataset_list(args.dataset)
     if args.rules:
         cfg.rules = split_rule_list(args.rules)
     if args.sampling is not None:

@@ -663,11 +663,12 @@ def summarize(corpus, rule_specs: Iterable[str | Rule], *, gamma: int,
 _NA_KEYS = {"acceptance", "tokens_per_call", "tokens_per_call_at_mean_acceptance"}
 
 
-def _jsonable(x: Any) -> Any:
+def to_jsonable(x: Any) -> Any:
+    """Plain JSON values: tensors/numpy scalars unwrapped, NaN -> "n/a", ±inf -> "inf"/"-inf"."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): to_jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [to_jsonable(v) for v in x]
     if isinstance(x, (np.generic,)):
         x = x.item()
     if isinstance(x, torch.Tensor):
@@ -684,7 +685,7 @@ def write_diagnostics_json(path: str | os.PathLike, summary: Sequence[Mapping[st
     """Write ``{rule_spec: {"tv", "kl", "overshoot", "ceiling_ratio", "tail_leak", "acceptance",
     "n_positions", ...}}``. Non-finite numbers become strings: NaN -> ``"n/a"`` (e.g. the acceptance of
     sequence-level rules), ``inf`` -> ``"inf"``; everything else in the summary entry is kept."""
-    doc = {entry["rule"]: _jsonable({k: v for k, v in entry.items() if k != "rule"}) for entry in summary}
+    doc = {entry["rule"]: to_jsonable({k: v for k, v in entry.items() if k != "rule"}) for entry in summary}
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=2, allow_nan=False)
         fh.write("\n")

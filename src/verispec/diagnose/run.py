@@ -67,10 +67,10 @@ class DiagnoseConfig:
 
 
 def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None) -> dict:
-    from verispec.bench.datasets import load_dataset
     from verispec.diagnose.corpus import collect_corpus
     from verispec.diagnose.measures import (
-        distortion_by_rule, rank_correlation, summarize, write_diagnostics_json, write_diagnostics_markdown,
+        distortion_by_rule, rank_correlation, summarize, to_jsonable, write_diagnostics_json,
+        write_diagnostics_markdown,
     )
     from verispec.diagnose.plots import plot_distortion_vs_entropy, plot_frontier, plot_position
     from verispec.diagnose.record import PositionRecorder
@@ -90,16 +90,11 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         corpus = PositionRecorder.load(corpus_path)
         log(f"diagnose: reusing {len(corpus)} recorded positions from {corpus_path}")
     else:
-        problems = []
-        for name in cfg.datasets:
-            ds = load_dataset(name, data_dir=cfg.data_dir, question_field=cfg.question_field, answer_field=cfg.answer_field,
-                              id_field=cfg.id_field, checker=cfg.checker, on_bad_row=cfg.on_bad_row, limit=cfg.limit,
-                              offset=cfg.offset)
-            for line, reason in ds.skipped:
-                log(f"{name}: skipped malformed row {line}: {reason}")
-            problems += ds.problems
+        from verispec.bench.runner import load_models_for, load_problems
+
+        problems = [p for ps in load_problems(cfg, log).values() for p in ps]
         if load_models is None:
-            from verispec.bench.runner import load_models_for as load_models
+            load_models = load_models_for
         target, draft, _ = load_models(cfg, need_draft=True)
         corpus = collect_corpus(target, draft, problems, sampling=sampling, gamma=cfg.gamma,
                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, recorder=PositionRecorder(), progress=progress)
@@ -122,7 +117,7 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     if cfg.bench_dir:
         gaps = accuracy_gaps(cfg.bench_dir)
         corr = rank_correlation(distortion_by_rule(summary), gaps)
-        (out / "correlation.json").write_text(json.dumps({"accuracy_gap": gaps, **_jsonable(corr)}, indent=2))
+        (out / "correlation.json").write_text(json.dumps({"accuracy_gap": gaps, **to_jsonable(corr)}, indent=2))
         result["correlation"] = corr
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     return result
@@ -157,13 +152,3 @@ def accuracy_gaps(bench_dir: str) -> dict[str, float]:
         if row["role"] == "method" and row.get("diff") is not None:
             by_rule.setdefault(row["rule"], []).append(row["diff"])
     return {rule: sum(v) / len(v) for rule, v in by_rule.items()}
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if hasattr(x, "item"):
-        return x.item()
-    return x
