@@ -43,9 +43,11 @@ def part_llama(args) -> None:
     sampling = SamplingConfig.parse(args.sampling)
     ids = [target.chat_prompt(p) for p in PROMPTS]
     costs = measure_costs(target, draft, ids[0], args.gamma, repeats=7)
-    print(f"== embedded pair (llama.cpp, {target.n_threads} threads), {args.sampling}, γ={args.gamma}, {args.tokens} new tokens x {len(PROMPTS)} prompts")
+    print(f"== embedded pair (llama.cpp, {target.n_threads} threads), {args.sampling}, γ={args.gamma}, "
+          f"{args.tokens} new tokens x {len(PROMPTS)} prompts")
     print(f"measured: draft token {1000 * costs.draft_token:.1f} ms, target token {1000 * costs.target_token:.1f} ms, "
-          f"target block of {args.gamma + 1} {1000 * costs.target_block:.1f} ms -> c = {costs.c:.3f}, v(γ) = {costs.v:.3f}")
+          f"target block of {args.gamma + 1} {1000 * costs.target_block:.1f} ms "
+          f"-> c = {costs.c:.3f}, v(γ) = {costs.v:.3f}")
 
     def totals(results):
         tok = sum(r.stats.new_tokens for r in results)
@@ -54,7 +56,8 @@ def part_llama(args) -> None:
         outside = sum(r.stats.other_s for r in results)
         return tok, wall, calls, outside
 
-    base = [generate_target_only(target, i, sampling=sampling, max_new_tokens=args.tokens, seed=s, vocab_width=width) for s, i in enumerate(ids)]
+    base = [generate_target_only(target, i, sampling=sampling, max_new_tokens=args.tokens, seed=s, vocab_width=width)
+            for s, i in enumerate(ids)]
     tok, wall, calls, outside = totals(base)
     base_tps = tok / wall
     print(f"{'mode':36} {'tok/s':>7} {'vs target':>9} {'BE':>6} {'outside models':>15} {'cost-model speedup':>19}")
@@ -64,7 +67,8 @@ def part_llama(args) -> None:
                         seed=s, vocab_width=width, costs=costs) for s, i in enumerate(ids)]
         tok, wall, calls, outside = totals(res)
         be = tok / calls
-        print(f"{spec:36} {tok / wall:7.2f} {tok / wall / base_tps:9.2f} {be:6.2f} {outside / wall:14.1%} {costs.speedup(be):19.2f}")
+        print(f"{spec:36} {tok / wall:7.2f} {tok / wall / base_tps:9.2f} {be:6.2f} {outside / wall:14.1%} "
+              f"{costs.speedup(be):19.2f}")
 
 
 def tiny_qwen(hidden: int, layers: int, seed: int):
@@ -72,7 +76,8 @@ def tiny_qwen(hidden: int, layers: int, seed: int):
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=151_936, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True)
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -106,19 +111,22 @@ def part_hf(args) -> None:
     ours, theirs = [], []
     for rep in range(args.repeats):
         t = time.perf_counter()
-        r = generate(target, draft, ids, rule="lossless", sampling=sampling, gamma=args.gamma, max_new_tokens=n, seed=rep, vocab_width=151_936)
+        r = generate(target, draft, ids, rule="lossless", sampling=sampling, gamma=args.gamma, max_new_tokens=n,
+                     seed=rep, vocab_width=151_936)
         ours.append((r.stats.new_tokens, time.perf_counter() - t, r.stats.block_efficiency))
         gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n,
                               num_assistant_tokens=args.gamma, num_assistant_tokens_schedule="constant",
                               assistant_confidence_threshold=0.0)
         torch.manual_seed(rep)
         t = time.perf_counter()
-        out = target_model.generate(prompt, generation_config=gc, assistant_model=draft_model, attention_mask=torch.ones_like(prompt))
+        out = target_model.generate(prompt, generation_config=gc, assistant_model=draft_model,
+                                    attention_mask=torch.ones_like(prompt))
         theirs.append((out.shape[1] - prompt.shape[1], time.perf_counter() - t))
     ours_tps = statistics.median(tok / s for tok, s, _ in ours)
     theirs_tps = statistics.median(tok / s for tok, s in theirs)
     print(f"\n== transformers backend, {label}, lossless γ={args.gamma}, {n} new tokens, median of {args.repeats}")
-    print(f"verispec generate (HFBackend)        {ours_tps:8.2f} tok/s   (BE {statistics.median(be for *_, be in ours):.2f})")
+    ours_be = statistics.median(be for *_, be in ours)
+    print(f"verispec generate (HFBackend)        {ours_tps:8.2f} tok/s   (BE {ours_be:.2f})")
     print(f"transformers assisted generation     {theirs_tps:8.2f} tok/s")
     print(f"ours / theirs                        {ours_tps / theirs_tps:8.2f}x")
 

@@ -15,7 +15,7 @@ What this does instead, chosen by ``VERISPEC_LLAMA_BUILD``:
     as native wherever native works (same instruction sets), and safe where it does not.
 ``portable``
     No optional instruction set at all: the x86-64 (SSE2) or armv8-a (NEON) baseline.  Runs on any
-    x86-64 / aarch64 Linux machine; several times slower.  The escape hatch if a probe ever lies.
+    x86-64 / aarch64 Linux machine; slower (no SIMD beyond SSE2 / NEON).  The escape hatch if a probe ever lies.
 ``native``
     llama.cpp's own default (``GGML_NATIVE=ON``): whatever the compiler detects.
 

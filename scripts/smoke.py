@@ -47,10 +47,13 @@ def explain_signal(sig: int, build: dict) -> str:
     )
 
 
-def main() -> int:
-    cmd = [sys.executable, "-m", "verispec", "generate", "--prompt", PROMPT, "--no-chat",
-           "--max-new-tokens", str(TOKENS), "--sampling", "temperature=0", "--gamma", "3",
-           "--no-cost-model", "--json"]
+SMOKE_CMD = [sys.executable, "-m", "verispec", "generate", "--prompt", PROMPT, "--no-chat",
+             "--max-new-tokens", str(TOKENS), "--sampling", "temperature=0", "--gamma", "3",
+             "--no-cost-model", "--json"]
+
+
+def main(cmd: list[str] = SMOKE_CMD) -> int:
+    """Run ``cmd`` (a ``verispec generate --json`` command line); 0 if it decoded, else 1 with the cause."""
     print(f"[smoke] decoding {TOKENS} tokens with the embedded pair (lossless SD, greedy) in a subprocess",
           flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")

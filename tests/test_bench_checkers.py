@@ -12,11 +12,12 @@ from verispec.bench.checkers import (
     bfcl_match,
     build_code_program,
     check,
+    decode_calls,
     extract_choice,
     extract_code,
     extract_gsm8k_answer,
+    find_calls,
     last_boxed,
-    parse_calls,
 )
 from verispec.bench.datasets import Problem, load_dataset
 
@@ -255,7 +256,8 @@ def test_extract_code():
     assert extract_code("```bash\nls\n```\n```\ndef f(): pass\n```", "f").startswith("def f")
     unfenced = ("Here is my solution:\n\nimport math\n\ndef g(y):\n  return y\n\ndef f(x):\n    return math.sqrt(g(x))"
                 "\n\nThis computes a root.")
-    assert extract_code(unfenced, "f") == "import math\n\ndef g(y):\n  return y\n\ndef f(x):\n    return math.sqrt(g(x))\n\n"
+    assert extract_code(unfenced, "f") == ("import math\n\ndef g(y):\n  return y\n\n"
+                                           "def f(x):\n    return math.sqrt(g(x))\n\n")
 
 
 @needs_data
@@ -282,7 +284,8 @@ def test_humaneval_realistic_and_wrong_completions():
     r = check(p, "```python\nimport sys\nsys.exit(0)\n```")
     assert not r.correct
     # a hanging solution is stopped
-    r = check(p, "```python\ndef has_close_elements(numbers, threshold):\n    while True:\n        pass\n```", timeout_s=2)
+    r = check(p, "```python\ndef has_close_elements(numbers, threshold):\n    while True:\n        pass\n```",
+              timeout_s=2)
     assert not r.correct and "timeout" in r.detail
 
 
@@ -293,7 +296,8 @@ def test_humaneval_plus_differential_testing():
     assert r.correct and "inputs" in r.detail, r
     assert check(p, QWEN_CODE_HE0).correct
     # Passes the 7 original tests (all lists have <= 6 numbers) but not the extra EvalPlus inputs.
-    hack = QWEN_CODE_HE0.replace("    ordered = sorted(numbers)", "    if len(numbers) > 6:\n        return False\n    ordered = sorted(numbers)")
+    hack = QWEN_CODE_HE0.replace("    ordered = sorted(numbers)",
+                                 "    if len(numbers) > 6:\n        return False\n    ordered = sorted(numbers)")
     assert check(problems("humaneval")["HumanEval/0"], hack).correct
     r = check(p, hack)
     assert not r.correct and "plus" in r.detail, r
@@ -321,6 +325,16 @@ def test_build_code_program():
     assert prog.startswith(prompt) and code.startswith("def f")
     prog, code = build_code_program(prompt, "    return x + 1\n", "f")
     assert prog == prompt + "    return x + 1\n\n"
+
+
+@needs_data
+def test_code_checker_never_raises_on_garbage():
+    samples = [problems("humaneval")["HumanEval/0"], problems("humaneval_plus")["HumanEval/0"],
+               problems("mbpp_plus")["Mbpp/2"], _mk({"entry_point": "f"}, "code"), _mk("not a dict", "code")]
+    for p in samples:
+        for junk in ("", None, "```python\n", "[[[(((", "\x00\xff" * 10, "def " + "(" * 5000):
+            r = check(p, junk, timeout_s=5)
+            assert isinstance(r, CheckResult) and r.correct is False, (p.id, junk, r)
 
 
 # ==========================================================================================
@@ -351,32 +365,37 @@ def gold_calls(p: Problem) -> list[str]:
 @needs_data
 @pytest.mark.parametrize("name", ["bfcl_simple", "bfcl_multiple", "bfcl_parallel", "bfcl_parallel_multiple"])
 def test_bfcl_gold_answers_match(name):
-    ps = list(problems(name).values())[:40]
-    for p in ps:
+    ps = list(problems(name).values())
+    assert len(ps) >= 200
+    for i, p in enumerate(ps):
         calls = gold_calls(p)
         r = check(p, "[" + ", ".join(calls) + "]")
         assert r.correct, (p.id, r)
-        if len(calls) > 1:
-            assert check(p, "\n".join(reversed(calls))).correct, p.id  # order-insensitive
+        # order-insensitive (BFCL matches greedily, so not for every order: see parallel_178 in
+        # test_grading_hardcases.py; the first 40 rows have no such ambiguity)
+        if len(calls) > 1 and i < 40:
+            assert check(p, "\n".join(reversed(calls))).correct, p.id
 
 
 @needs_data
 def test_bfcl_wrong_answers_fail():
     p = problems("bfcl_simple")["simple_python_0"]  # calculate_triangle_area(base=10, height=5, unit optional)
-    assert check(p, QWEN_BFCL_PROSE).correct
+    r = check(p, QWEN_BFCL_PROSE)  # BFCL's decoder rejects prose; the flexible score finds the call
+    assert not r.correct and r.correct_flexible, r
     assert check(p, "calculate_triangle_area(base=10, height=5, unit='units')").correct
     assert check(p, "calculate_triangle_area(base=10.0, height=5)").correct is False  # integer param, float given
     r = check(p, "calculate_triangle_area(base=10, height=6)")
     assert not r.correct and "height" in r.detail
     r = check(p, "calculate_triangle_area(base=10)")
     assert not r.correct and "missing" in r.detail
-    r = check(p, "calculate_triangle_area(10, 5)")
-    assert not r.correct and "positional" in r.detail
+    r = check(p, "calculate_triangle_area(10, 5)")  # BFCL drops positional arguments
+    assert not r.correct and "missing_required" in r.detail
     r = check(p, "calculate_triangle_area(base=10, height=5, colour='red')")
     assert not r.correct and "unexpected" in r.detail
     r = check(p, "triangle_area(base=10, height=5)")
     assert not r.correct
-    assert not check(p, "[calculate_triangle_area(base=10, height=5), calculate_triangle_area(base=10, height=5)]").correct
+    assert not check(p, "[calculate_triangle_area(base=10, height=5), "
+                        "calculate_triangle_area(base=10, height=5)]").correct
     assert not check(p, "I'm sorry, I cannot call functions.").correct
     par = problems("bfcl_parallel")["parallel_0"]  # spotify.play x2 (Taylor Swift 20, Maroon 5 15)
     r = check(par, QWEN_BFCL_PARALLEL_BLOCK)
@@ -384,16 +403,26 @@ def test_bfcl_wrong_answers_fail():
     assert not check(par, QWEN_BFCL_PARALLEL_BLOCK.replace("duration=15", "duration=20")).correct
     assert not check(par, 'spotify.play(artist="Taylor Swift", duration=20)').correct  # one call missing
     # strings compare case-insensitively without spaces/punctuation, like BFCL
-    assert check(par, "spotify.play(artist='taylor swift', duration=20)\nspotify.play(artist='Maroon5', duration=15)").correct
+    assert check(par, "spotify.play(artist='taylor swift', duration=20)\n"
+                      "spotify.play(artist='Maroon5', duration=15)").correct
 
 
-def test_parse_calls_forms():
-    assert parse_calls("[f(a=1), g.h(b='x')]") == [("f", {"a": 1}, 0), ("g.h", {"b": "x"}, 0)]
-    assert parse_calls("<tool_call>\nget_weather(city=\"Paris\")\n</tool_call>") == [("get_weather", {"city": "Paris"}, 0)]
-    assert parse_calls("1. f(a=[1, 2])\n2. f(a={'k': True})") == [("f", {"a": [1, 2]}, 0), ("f", {"a": {"k": True}}, 0)]
-    assert parse_calls("no calls here") == []
-    ok, why = bfcl_match([("f", {"x": 1}, 0)], {"kind": "simple", "ground_truth": [{"f": {"x": [1]}}],
-                                                "functions": [{"name": "f", "parameters": {"properties": {"x": {"type": "integer"}}, "required": ["x"]}}]})
+def test_decode_and_find_calls_forms():
+    assert decode_calls("[f(a=1), g.h(b='x')]") == [{"f": {"a": 1}}, {"g.h": {"b": "x"}}]
+    assert decode_calls("<tool_call>\nget_weather(city=\"Paris\")\n</tool_call>") == [
+        {"get_weather": {"city": "Paris"}}]
+    assert decode_calls("```python\nf(a=-2, b=2**10, c=(1, 2))\n```") == [{"f": {"a": -2, "b": 1024, "c": (1, 2)}}]
+    for bad in ("1. f(a=[1, 2])\n2. f(a={'k': True})", "Call: f(a=1)", "f(a=9**9**9)", "f(a=[x for x in y])"):
+        with pytest.raises(ValueError):
+            decode_calls(bad)
+    # a nested call without keywords is kept as its source text (BFCL), never run
+    assert decode_calls("f(a=__import__('os').getcwd())") == [{"f": {"a": "__import__('os').getcwd()"}}]
+    assert find_calls("1. f(a=[1, 2])\n2. f(a={'k': True})") == [{"f": {"a": [1, 2]}}, {"f": {"a": {"k": True}}}]
+    assert find_calls("no calls here") == []
+    ok, why = bfcl_match([{"f": {"x": 1}}], {
+        "category": "simple", "ground_truth": [{"f": {"x": [1]}}],
+        "functions": [{"name": "f", "parameters": {"properties": {"x": {"type": "integer"}}, "required": ["x"]}}],
+    })
     assert ok, why
 
 

@@ -297,7 +297,8 @@ def test_multiple_choice_file(tmp_path):
 def test_bfcl_file_with_missing_possible_answer(tmp_path):
     fn = [{"name": "f", "description": "d", "parameters": {"type": "dict", "properties": {"x": {"type": "integer"}},
                                                           "required": ["x"]}}]
-    rows = [{"id": f"simple_python_{i}", "question": [[{"role": "user", "content": f"call f with {i}"}]], "function": fn}
+    rows = [{"id": f"simple_python_{i}", "question": [[{"role": "user", "content": f"call f with {i}"}]],
+             "function": fn}
             for i in range(3)]
     (tmp_path / "possible_answer").mkdir()
     _write_lines(tmp_path / "BFCL_v4_simple_python.json", [json.dumps(r) for r in rows])

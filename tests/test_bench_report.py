@@ -11,8 +11,24 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from verispec.bench.report import build_report, collect_rows, format_table, order_datasets
-from verispec.bench.stats import mcnemar_exact, newcombe_paired_interval, wilson_interval
+from verispec.bench.report import (
+    TRUNCATION_WARN_SHARE,
+    Accuracy,
+    RunRow,
+    Truncation,
+    build_report,
+    collect_rows,
+    format_table,
+    order_datasets,
+)
+from verispec.bench.stats import (
+    clustered_paired_difference,
+    clustered_proportion,
+    mcnemar_exact,
+    newcombe_paired_interval,
+    paired_difference,
+    wilson_interval,
+)
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
 
 Z95 = 1.959963984540054
@@ -37,7 +53,7 @@ def _fill(st, rid, correct_idx, *, difficulty=None, method=True, keys=KEYS, spee
     cost_model_speedup 2.0 (even) / 3.0 (odd) -> token-weighted 2.75.
     References: 100 tokens, 100 target calls (BE 1.0), wall 4 s (25 tok/s), no hist/speedup."""
     for j, (pid, s) in enumerate(keys):
-        meta = {"stop": "eos"}
+        meta = {"stop_reason": "eos"}
         if difficulty is not None:
             meta["difficulty"] = difficulty
         if method:
@@ -109,63 +125,91 @@ def report(tmp_path_factory):
 
 
 def _row(rows, ds, rule, role="method", sampling=None):
-    hits = [r for r in rows if r["dataset"] == ds and r["rule"] == rule and r["role"] == role
-            and (sampling is None or r["sampling"] == sampling)]
+    hits = [r for r in rows if r.dataset == ds and r.rule == rule and r.role == role
+            and (sampling is None or r.sampling == sampling)]
     assert len(hits) == 1
     return hits[0]
+
+
+def _outcomes(correct_idx):
+    return [j in correct_idx for j in range(len(KEYS))]
+
+
+PROBLEMS = [pid for pid, _ in KEYS]
 
 
 def test_table_numbers(report):
     res, ids, _ = report
     rows = res.table_rows
-    assert len(rows) == 12
+    assert len(rows) == 12 and all(isinstance(r, RunRow) for r in rows)
     # grouping: datasets ordered easy -> hard by difficulty; references before methods
-    assert [r["dataset"] for r in rows] == ["easy-ds"] * 6 + ["hard-ds"] * 6
-    assert [r["role"] for r in rows[:6]] == ["target_only", "baseline", "baseline", "method", "method", "method"]
-    assert [r["rule"] for r in rows[3:6]] == ["cascade:0.5", "lossless", "typical:0.3"]
+    assert [r.dataset for r in rows] == ["easy-ds"] * 6 + ["hard-ds"] * 6
+    assert [r.role for r in rows[:6]] == ["target_only", "baseline", "baseline", "method", "method", "method"]
+    assert [r.rule for r in rows[3:6]] == ["cascade:0.5", "lossless", "typical:0.3"]
 
     c = _row(rows, "easy-ds", "cascade:0.5")
-    assert (c["n_problems"], c["n_samples"], c["n_correct"]) == (10, 20, 12)
-    assert c["accuracy"] == pytest.approx(0.6)
-    assert (c["acc_lo"], c["acc_hi"]) == pytest.approx(_wilson(12, 20), abs=1e-12)
-    assert (round(c["acc_lo"], 4), round(c["acc_hi"], 4)) == (0.3866, 0.7812)
+    assert (c.n_problems, c.n_samples, c.accuracy.n_correct) == (10, 20, 12)
+    assert c.accuracy.estimate == pytest.approx(0.6)
+    # two samples per problem: the interval shown is problem-clustered, the sample-level one is kept
+    assert c.accuracy.clustered
+    assert (c.accuracy.iid_lo, c.accuracy.iid_hi) == pytest.approx(_wilson(12, 20), abs=1e-12)
+    assert (round(c.accuracy.iid_lo, 4), round(c.accuracy.iid_hi, 4)) == (0.3866, 0.7812)
+    cl = clustered_proportion(_outcomes(EASY["cascade:0.5"]), PROBLEMS)
+    assert (c.accuracy.lo, c.accuracy.hi) == (cl.lo, cl.hi) and c.accuracy.design_effect == cl.design_effect
     # pairing with its true baseline (min_p=0.5): 16/20 -> 12/20, n01 = 5 lost, n10 = 1 gained
-    assert c["baseline_run_id"] == ids["easy-ds"]["b1"]
-    assert c["diff"] == pytest.approx(-0.2)
-    assert (c["n_pairs"], c["n01"], c["n10"]) == (20, 5, 1)
-    assert c["p_value"] == pytest.approx(2 * 7 / 64)
+    assert c.baseline_run_id == ids["easy-ds"]["b1"]
+    v = c.vs_baseline
+    assert v.ref_run_id == ids["easy-ds"]["b1"] and v.diff == pytest.approx(-0.2)
+    assert (v.n_pairs, v.n01, v.n10) == (20, 5, 1)
+    assert v.iid_p_value == pytest.approx(2 * 7 / 64)
     # table [[both, method only], [baseline only, neither]] = [[11, 1], [5, 3]]
-    assert (c["diff_lo"], c["diff_hi"]) == newcombe_paired_interval(11, 1, 5, 3)
+    assert (v.iid_lo, v.iid_hi) == newcombe_paired_interval(11, 1, 5, 3)
+    cd = clustered_paired_difference(_outcomes(EASY["cascade:0.5"]), _outcomes(EASY["base_min_p"]), PROBLEMS)
+    assert v.clustered and (v.lo, v.hi, v.p_value) == (cd.ci_lo, cd.ci_hi, cd.p_value)
+    assert v.test == "mcnemar_clustered"
     # efficiency numbers
-    assert c["block_efficiency"] == pytest.approx(4000 / 1000)
-    assert c["tokens_per_s"] == pytest.approx(4000 / 20)
-    assert c["mean_accepted"] == pytest.approx(8 / 6)
-    assert c["cost_model_speedup"] == pytest.approx((10 * 100 * 2.0 + 10 * 300 * 3.0) / 4000)  # 2.75
+    assert c.block_efficiency == pytest.approx(4000 / 1000)
+    assert c.tokens_per_s == pytest.approx(4000 / 20)
+    assert c.mean_accepted == pytest.approx(8 / 6)
+    assert c.cost_model_speedup == pytest.approx((10 * 100 * 2.0 + 10 * 300 * 3.0) / 4000)  # 2.75
     # lossless reference pairing (cascade vs target-only 18/20)
-    assert c["ll_diff"] == pytest.approx(0.6 - 0.9) and c["ll_n01"] == 6 and c["ll_n10"] == 0
+    ll = c.vs_lossless
+    assert ll.diff == pytest.approx(0.6 - 0.9) and ll.n01 == 6 and ll.n10 == 0
+    # the wrong baseline: plain target-only sampling with the same sampling (18/20), next to the true one
+    w = c.vs_target_only
+    assert c.target_only_run_id == ids["easy-ds"]["to"] and w.ref_run_id == ids["easy-ds"]["to"]
+    ref = paired_difference(_outcomes(EASY["cascade:0.5"]), _outcomes(EASY["target_only"]))
+    assert (w.diff, w.n01, w.n10) == (pytest.approx(-0.3), ref.n01, ref.n10)
 
     t = _row(rows, "easy-ds", "typical:0.3")
-    assert t["accuracy"] == pytest.approx(0.9) and (t["n01"], t["n10"]) == (0, 0)
-    assert t["diff"] == 0.0 and t["p_value"] == 1.0 and t["diff_lo"] < 0 < t["diff_hi"]
+    assert t.accuracy.estimate == pytest.approx(0.9) and (t.vs_baseline.n01, t.vs_baseline.n10) == (0, 0)
+    assert t.vs_baseline.diff == 0.0 and t.vs_baseline.p_value == 1.0
+    assert t.vs_baseline.lo < 0 < t.vs_baseline.hi
+    assert t.vs_lossless is None and t.vs_target_only is not None  # typical's baseline is η, not target-only
 
-    ll = _row(rows, "easy-ds", "lossless")
-    assert ll["baseline_run_id"] == ids["easy-ds"]["to"]
-    assert (ll["n01"], ll["n10"], ll["diff"]) == (1, 1, 0.0) and ll["p_value"] == 1.0
-    assert ll["cost_model_speedup"] is None
+    lo = _row(rows, "easy-ds", "lossless")
+    assert lo.baseline_run_id == ids["easy-ds"]["to"]
+    assert (lo.vs_baseline.n01, lo.vs_baseline.n10, lo.vs_baseline.diff) == (1, 1, 0.0)
+    assert lo.vs_baseline.p_value == 1.0
+    assert lo.cost_model_speedup is None
+    assert lo.vs_target_only is None  # its true baseline is target-only: no second comparison
 
     h = _row(rows, "hard-ds", "typical:0.3")
-    assert (h["n_correct"], h["n01"], h["n10"]) == (2, 8, 0)
-    assert h["diff"] == pytest.approx(-0.4) and h["p_value"] == pytest.approx(mcnemar_exact(8, 0))
-    assert h["p_value"] == pytest.approx(2 / 256)
+    assert (h.accuracy.n_correct, h.vs_baseline.n01, h.vs_baseline.n10) == (2, 8, 0)
+    assert h.vs_baseline.diff == pytest.approx(-0.4)
+    assert h.vs_baseline.iid_p_value == pytest.approx(mcnemar_exact(8, 0)) == pytest.approx(2 / 256)
     hc = _row(rows, "hard-ds", "cascade:0.5")
-    assert (hc["n01"], hc["n10"], hc["diff"], hc["p_value"]) == (6, 6, 0.0, 1.0)
+    assert (hc.vs_baseline.n01, hc.vs_baseline.n10, hc.vs_baseline.diff, hc.vs_baseline.p_value) == (6, 6, 0.0, 1.0)
 
     ref = _row(rows, "easy-ds", "target-only", "baseline", "t=1.0,min_p=0.5")
-    assert ref["is_reference"] and ref["diff"] is None
-    assert ref["accuracy"] == pytest.approx(0.8) and (ref["acc_lo"], ref["acc_hi"]) == wilson_interval(16, 20)
-    assert ref["block_efficiency"] == 1.0 and ref["tokens_per_s"] == 25.0
-    assert ref["mean_accepted"] is None and ref["cost_model_speedup"] is None
-    assert ref["difficulty"] == 1.0
+    assert ref.is_reference and ref.vs_baseline is None and ref.vs_target_only is None
+    assert ref.accuracy.estimate == pytest.approx(0.8)
+    assert (ref.accuracy.iid_lo, ref.accuracy.iid_hi) == wilson_interval(16, 20)
+    assert ref.block_efficiency == 1.0 and ref.tokens_per_s == 25.0
+    assert ref.mean_accepted is None and ref.cost_model_speedup is None
+    assert ref.difficulty == 1.0
+    # every sample ended on EOS: nothing truncated, finished accuracy = accuracy, no flexible verdicts
+    assert ref.truncation == Truncation(0, 20, 0.0, 20, 0.8, False) and ref.flexible is None
 
 
 def test_markdown(report):
@@ -174,21 +218,34 @@ def test_markdown(report):
     assert res.markdown_path == d / "out" / "report.md"
     assert md.index("## easy-ds") < md.index("## hard-ds")
     easy = md[md.index("## easy-ds"):md.index("## hard-ds")]
-    line = next(l for l in easy.splitlines() if l.startswith("| cascade:0.5 "))
+    line = next(ln for ln in easy.splitlines() if ln.startswith("| cascade:0.5 | t=1.0 | 4 | method "))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    lo, hi = newcombe_paired_interval(11, 1, 5, 3)
+    rows = res.table_rows
+    c = _row(rows, "easy-ds", "cascade:0.5")
     assert cells[:6] == ["cascade:0.5", "t=1.0", "4", "method", "10", "20"]
-    assert cells[6] == "0.600 [0.387, 0.781]"
-    assert cells[7] == f"-0.200 [{lo:+.3f}, {hi:+.3f}]"
-    assert cells[8] == "0.219"  # 2 * 7 / 64 = 0.21875
+    assert cells[6] == f"0.600 [{c.accuracy.lo:.3f}, {c.accuracy.hi:.3f}] ᶜ"
+    assert cells[7:9] == ["0.00", "0.600"]                     # truncated share, accuracy of finished
+    v = c.vs_baseline
+    assert cells[9] == f"-0.200 [{v.lo:+.3f}, {v.hi:+.3f}] ᶜ"
+    assert cells[10] == f"{v.p_value:.3f}"
     assert cells[-4:] == ["4.00", "200.0", "1.33", "2.75×"]
-    base_line = next(l for l in easy.splitlines() if "min_p=0.5" in l)
-    assert "**baseline**" in base_line and "| — |" in base_line
+    base_line = next(ln for ln in easy.splitlines() if "min_p=0.5" in ln and "**baseline**" in ln)
+    assert "| — |" in base_line
     assert "**target-only**" in easy
+    # sample-level intervals beside the clustered ones
+    assert "### Problem-clustered vs sample-level intervals" in easy
+    lo, hi = newcombe_paired_interval(11, 1, 5, 3)
+    assert f"-0.200 [{lo:+.3f}, {hi:+.3f}]" in easy and "0.600 [0.387, 0.781]" in easy
+    # the wrong baseline table: both gaps of every truncation rule
+    wrong = easy[easy.index("### Truncation rules"):]
+    line = next(ln for ln in wrong.splitlines() if ln.startswith("| cascade:0.5 "))
+    assert "target + min_p=0.5" in line and "-0.200 [" in line and "-0.300 [" in line
+    assert "Truncation warnings" not in md
     # images are referenced relative to the markdown file
     assert "](frontier.png)" in md and "](accuracy_gap.png)" in md
     summary = json.loads((d / "out" / "summary.json").read_text())
-    assert len(summary) == 12 and summary[3]["rule"] == "cascade:0.5"
+    assert len(summary) == 12 and summary[3]["key"]["rule"] == "cascade:0.5"
+    assert summary[3]["vs_baseline"]["n01"] == 5 and summary[3]["accuracy"]["n_correct"] == 12
 
 
 def test_plots_are_valid_pngs(report):
@@ -205,27 +262,54 @@ def test_plots_are_valid_pngs(report):
         assert img[..., :3].std() > 0.05  # not a blank canvas
 
 
+def test_frontier_writes_no_text_on_the_axes_and_names_every_run_in_the_legend(report, monkeypatch):
+    """Overlapping labels came from per-point annotations: now the axes hold none and the legend has
+    one entry per method run, per true baseline and per reference line."""
+    from matplotlib.figure import Figure
+
+    from verispec.bench.report_plots import plot_frontier
+
+    res, _, d = report
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append(self))
+    rows = res.table_rows
+    plot_frontier(rows, order_datasets(rows), d / "unused.png")
+    (fig,) = saved
+    for ax in fig.axes:
+        assert len(ax.texts) == 0, [t.get_text() for t in ax.texts]
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert len(labels) == len(set(labels))
+    assert {"cascade:0.5", "typical:0.3", "lossless"} <= set(labels)
+    assert "true baseline of cascade: target + min_p=0.5" in labels
+    assert "true baseline of typical: target + eta=0.3" in labels
+    assert "target-only accuracy" in labels and "lossless SD (speed reference)" not in labels  # none here
+
+
+def _flat_row(**kw) -> RunRow:
+    acc = Accuracy.of([True, False], ["p0", "p1"], 0.95)
+    base = dict(key=RunKey("a", "r", "s", 2, "d", "t", 8, 0), n_problems=2, n_samples=2, accuracy=acc,
+                truncation=Truncation(0, 2, 0.0, 2, 0.5, False), flexible=None, new_tokens=4, target_calls=2,
+                wall_s=1.0, block_efficiency=None, tokens_per_s=None, mean_accepted=None,
+                cost_model_speedup=None, difficulty=None)
+    base.update(kw)
+    return RunRow(**base)
+
+
 def test_format_table_columns_and_escaping():
     rows = [
-        dict(dataset="a", rule="r|x", family="r|x", sampling="s", gamma=2, role="method",
-             is_reference=False, draft="d", target="t", max_new_tokens=8, seed=0, n_problems=1,
-             n_samples=2, n_correct=1, accuracy=0.5, acc_lo=0.1, acc_hi=0.9, diff=None, p_value=None,
-             n_pairs=0, block_efficiency=None, tokens_per_s=None, mean_accepted=None,
-             cost_model_speedup=None),
-        dict(dataset="b", rule="r", family="r", sampling="s", gamma=3, role="baseline",
-             is_reference=True, draft="d2", target="t", max_new_tokens=8, seed=0, n_problems=1,
-             n_samples=2, n_correct=2, accuracy=1.0, acc_lo=0.3, acc_hi=1.0, diff=None, p_value=None,
-             n_pairs=0, block_efficiency=1.0, tokens_per_s=10.0, mean_accepted=None,
-             cost_model_speedup=None),
+        _flat_row(key=RunKey("a", "r|x", "s", 2, "d", "t", 8, 0)),
+        _flat_row(key=RunKey("b", "r", "s", 3, "d2", "t", 8, 0, role="baseline"), block_efficiency=1.0,
+                  tokens_per_s=10.0, flexible=Accuracy.of([True, True], ["p0", "p1"], 0.95)),
     ]
     md = format_table(rows)
     lines = md.strip().splitlines()
     assert len(lines) == 4
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header[0] == "dataset" and "draft" in header and "seed" not in header
-    assert "Δ vs lossless [95% CI]" not in header
+    assert "Δ vs lossless [95% CI]" not in header and "flexible acc." in header
     assert "r\\|x" in lines[2]
-    assert "| n/a |" in lines[2] and "**baseline**" in lines[3]
+    assert "| n/a |" in lines[2] and "**baseline**" in lines[3] and "| 1.000 |" in lines[3]
     assert format_table([]) == "_no runs_\n"
 
 
@@ -235,7 +319,7 @@ def test_ordering_without_difficulty_and_partial_pairing(tmp_path):
     # reference accuracy (baseline + target-only pooled): easy 52/60, hard 24/60 -> easy first
     rows = collect_rows(tmp_path / "s")
     assert order_datasets(rows) == ["easy-ds", "hard-ds"]
-    assert all(r["difficulty"] is None for r in rows)
+    assert all(r.difficulty is None for r in rows)
     # a second store file in the same directory with a partially-paired method: merged
     with ResultStore(tmp_path / "s" / "b.sqlite") as st:
         base = _key("easy-ds", "target-only", "t=1.0,min_p=0.5", 0, "baseline")
@@ -248,17 +332,63 @@ def test_ordering_without_difficulty_and_partial_pairing(tmp_path):
     rows = res.table_rows
     assert len(rows) == 14
     p = _row(rows, "easy-ds", "cascade:0.9")
-    assert p["n_samples"] == 7 and p["n_pairs"] == 6 and p["n_problems"] == 4
-    assert p["diff"] == pytest.approx(1.0 - 1.0)
+    assert p.n_samples == 7 and p.vs_baseline.n_pairs == 6 and p.n_problems == 4
+    assert p.vs_baseline.diff == pytest.approx(1.0 - 1.0)
     o = _row(rows, "easy-ds", "cascade:0.8")
-    assert o["diff"] is None and o["baseline_run_id"] is None
+    assert o.vs_baseline is None and o.baseline_run_id is None
     md = res.markdown_path.read_text()
-    line = next(l for l in md.splitlines() if l.startswith("| cascade:0.9 "))
+    line = next(ln for ln in md.splitlines() if ln.startswith("| cascade:0.9 | t=1.0"))
     assert "(n=6)" in line
-    line = next(l for l in md.splitlines() if l.startswith("| cascade:0.8 "))
+    line = next(ln for ln in md.splitlines() if ln.startswith("| cascade:0.8 | t=1.0"))
     assert "| n/a |" in line
     for pth in res.plot_paths:
         _png_size(pth)
+
+
+def test_one_sample_per_problem_keeps_the_sample_level_intervals(tmp_path):
+    keys = [(f"q{i:02d}", 0) for i in range(20)]
+    with ResultStore(tmp_path / "r.sqlite") as st:
+        b = st.register_run(_key("ds", "target-only", "t=1.0", 0, "baseline"))
+        m = st.register_run(_key("ds", "cascade:0.5", "t=1.0"), {"baseline": b})
+        _fill(st, b, set(range(16)), method=False, keys=keys)
+        _fill(st, m, set(range(4, 16)) | {17}, keys=keys)
+    rows = collect_rows(tmp_path / "r.sqlite")
+    r = _row(rows, "ds", "cascade:0.5")
+    assert not r.accuracy.clustered and (r.accuracy.lo, r.accuracy.hi) == wilson_interval(13, 20)
+    assert not r.vs_baseline.clustered and r.vs_baseline.test == "mcnemar_exact"
+    assert (r.vs_baseline.lo, r.vs_baseline.hi) == newcombe_paired_interval(12, 1, 4, 3)
+    assert r.vs_baseline.p_value == mcnemar_exact(4, 1)
+    assert "Problem-clustered" not in build_report(tmp_path / "r.sqlite", tmp_path / "o").markdown_path.read_text()
+
+
+def test_truncation_and_flexible_accuracy_are_shown_and_warned(tmp_path):
+    """8 of 20 samples hit the token limit (40% >= the warning share); 2 of them are correct, so
+    accuracy is 10/20 overall and 8/12 among the samples that finished."""
+    keys = [(f"q{i:02d}", 0) for i in range(20)]
+    with ResultStore(tmp_path / "r.sqlite") as st:
+        rid = st.register_run(_key("math", "target-only", "t=1.0", 0, "target_only"))
+        for j, (pid, s) in enumerate(keys):
+            cut = j < 8
+            correct = j in {0, 1} or 8 <= j < 16
+            stats = {"new_tokens": 64, "target_calls": 64, "draft_calls": 0, "accepted_hist": [],
+                     "wall_s": 1.0, "draft_s": 0.0, "verify_s": 1.0, "other_s": 0.0,
+                     "stop_reason": "length" if cut else "eos"}
+            meta = {"correct_flexible": correct or j == 19} if j >= 4 else {}
+            st.add(SampleRecord.from_stats(rid, pid, s, output="x", extracted=None, correct=correct,
+                                           stats=stats, meta=meta))
+    res = build_report(tmp_path / "r.sqlite", tmp_path / "o")
+    (r,) = res.table_rows
+    assert r.truncation == Truncation(8, 20, 0.4, 12, 8 / 12, True) and 0.4 >= TRUNCATION_WARN_SHARE
+    # flexible verdicts on the 16 samples that have one: j = 4..19 -> correct 8..15 plus 19 = 9 of 16
+    assert (r.flexible.n_correct, r.flexible.n) == (9, 16)
+    md = res.markdown_path.read_text()
+    assert "**Truncation warnings**" in md
+    (warn,) = [ln for ln in md.splitlines() if ln.startswith("- ⚠")]
+    assert "**math**" in warn and "128-token limit in 1 run(s)" in warn
+    assert "target-only (target-only): 8/20 cut (40%), accuracy 0.500 vs 0.667 on the finished" in warn
+    line = next(ln for ln in md.splitlines() if ln.startswith("| target-only "))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[6:10] == ["0.500 [0.299, 0.701]", "0.562", "0.40 ⚠", "0.667"]
 
 
 def test_missing_store(tmp_path):
@@ -267,3 +397,18 @@ def test_missing_store(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError):
         build_report(tmp_path / "empty", tmp_path / "out")
+
+
+def test_a_version_1_store_is_reported_after_migration(tmp_path):
+    from tests.test_bench_store import _write_v1_store
+
+    v1 = _write_v1_store(tmp_path / "results.sqlite")
+    res = build_report(tmp_path, tmp_path / "out")
+    meth = _row(res.table_rows, "gsm8k", "cascade:0.5")
+    assert meth.run_id == v1["meth"].run_id != v1["m_old"]
+    assert meth.baseline_run_id == v1["base"].run_id and meth.vs_baseline.n01 == 1
+    # the stop reason that version 1 kept in meta is read from the migrated stats
+    assert meth.truncation == Truncation(1, 1, 1.0, 0, None, True) and meth.cost_model_speedup == 2.5
+    assert (tmp_path / "results.sqlite.v1.bak").exists()
+    md = res.markdown_path.read_text()
+    assert "### Per-token distortion" not in md and "no recorded positions" not in md  # no lossless run here

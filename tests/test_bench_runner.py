@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_lm import FakeLM
+from tests.helpers.fake_lm import FakeLM
 from verispec.bench import runner
 from verispec.bench.store import ResultStore
 
@@ -36,7 +36,8 @@ def fake_models(cfg, need_draft):
 
 
 def write_dataset(path: Path, n: int) -> Path:
-    rows = [{"question": f"What is {i} + {i % 3}?", "answer": str((2 * i + i % 3) % 10), "id": f"q{i}"} for i in range(n)]
+    rows = [{"question": f"What is {i} + {i % 3}?", "answer": str((2 * i + i % 3) % 10), "id": f"q{i}"}
+            for i in range(n)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
@@ -134,13 +135,14 @@ def test_rerun_resumes_and_never_duplicates(tmp_path):
 KILL_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    sys.path[:0] = [{src!r}, {tests!r}]
-    import test_bench_runner as T
+    sys.path[:0] = [{src!r}, {root!r}]
+    import tests.test_bench_runner as T
     from verispec.bench import runner
     from pathlib import Path
     cfg = T.config(Path({tmp!r}))
-    slow = lambda c, need_draft: tuple(T.SlowLM(m) if m is not None else None for m in T.fake_models(c, need_draft)[:2]) + (10,)
-    runner.run_bench(cfg, progress=False, load_models=slow, log=lambda m: None, report=False)
+    slow = lambda c, need_draft: tuple(T.SlowLM(m) if m is not None else None
+                                       for m in T.fake_models(c, need_draft)[:2]) + (10,)
+    runner.run_bench(cfg, progress=False, load_models=slow, log=lambda m: print(m, flush=True), report=False)
     """
 )
 
@@ -159,24 +161,29 @@ class SlowLM:
         return getattr(self._inner, name)
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_loses_at_most_the_row_in_flight(tmp_path):
     reference_dir = tmp_path / "ref"
     reference_dir.mkdir()
     cfg_ref = config(reference_dir)
     out_ref, _ = runner.run_bench(cfg_ref, progress=False, load_models=fake_models, log=lambda m: None, report=False)
     store = ResultStore(out_ref / runner.STORE_NAME)
-    expected = {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct) for k, _ in store.runs() for s in store.samples(k.run_id)}
+    expected = {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct)
+                for k, _ in store.runs() for s in store.samples(k.run_id)}
     store.close()
 
     script = tmp_path / "kill_me.py"
-    script.write_text(KILL_SCRIPT.format(src=str(SRC), tests=str(TESTS), tmp=str(tmp_path)))
+    script.write_text(KILL_SCRIPT.format(src=str(SRC), root=str(TESTS.parent), tmp=str(tmp_path)))
     db = tmp_path / "out" / runner.STORE_NAME
     counts = []
-    for delay in (1.5, 2.5, 2.0):
-        proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": ""})
+    for delay in (0.5, 1.0, 0.8):
+        proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": ""},
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()   # the bench has started (imports take seconds on a loaded machine)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
         if db.exists():
             store = ResultStore(db)
             counts.append(store.count())
@@ -186,7 +193,8 @@ def test_kill_minus_nine_loses_at_most_the_row_in_flight(tmp_path):
     # Finish in-process and compare with the uninterrupted run: same rows, same outcomes, no duplicates.
     runner.run_bench(config(tmp_path), progress=False, load_models=fake_models, log=lambda m: None, report=False)
     store = ResultStore(db)
-    got = {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct) for k, _ in store.runs() for s in store.samples(k.run_id)}
+    got = {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct)
+           for k, _ in store.runs() for s in store.samples(k.run_id)}
     assert store.count() == len(expected)
     store.close()
     assert got == expected
@@ -214,3 +222,75 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["bench", "--gamma", "0", "--dry-run"]) == 2
     assert main(["generate", "--prompt", "x", "--target", str(tmp_path / "missing.gguf"), "--baseline"]) == 2
     assert "missing.gguf" in capsys.readouterr().err
+
+
+def test_flags_given_override_the_sweep_file_even_at_their_default(tmp_path):
+    from verispec.bench.cli import config_from_args
+    from verispec.cli import build_parser
+
+    sweep = tmp_path / "grid.toml"
+    sweep.write_text('dataset = "gsm8k"\nseed = 7\nn_samples = 3\nout = "elsewhere"\noffset = 4\n'
+                     'check_timeout_s = 2.5\nn_ctx = 1024\ngamma = [2, 3]\n')
+
+    def cfg(*argv):
+        return config_from_args(build_parser().parse_args(["bench", "--sweep", str(sweep), *argv]))
+
+    from_file = cfg()
+    assert (from_file.seed, from_file.n_samples, from_file.out, from_file.offset, from_file.check_timeout_s,
+            from_file.n_ctx, from_file.gammas) == (7, 3, "elsewhere", 4, 2.5, 1024, [2, 3])
+    # each flag below is given at its default value, and still wins over the file
+    given = cfg("--seed", "0", "--n-samples", "1", "--out", runner.DEFAULT_OUT, "--offset", "0",
+                "--check-timeout", "10", "--n-ctx", "4096", "--gamma", "5")
+    assert (given.seed, given.n_samples, given.out, given.offset, given.check_timeout_s, given.n_ctx, given.gammas) == (
+        0, 1, runner.DEFAULT_OUT, 0, 10.0, 4096, [5])
+    assert given.datasets == ["gsm8k"]   # not given: the file's value stays
+    # without a sweep file every flag applies (its default is the config's own)
+    plain = config_from_args(build_parser().parse_args(["bench", "--dataset", "gsm8k"]))
+    assert plain.seed == 0 and plain.out == runner.DEFAULT_OUT and plain.limit == runner.DEFAULT_LIMIT
+
+
+LAYERS = {  # module prefix -> layer (lower never imports higher)
+    "verispec.checks": 0, "verispec.runtime": 0, "verispec.params": 0, "verispec.settings": 0,
+    "verispec.sets": 1, "verispec.topk": 1, "verispec.sampling": 2,
+    # the problems and their checking (stdlib only): usable by diagnose as well as bench
+    "verispec.bench.datasets": 1, "verispec.bench.prompts": 1, "verispec.bench.checkers": 1,
+    "verispec.bench.sandbox": 1,
+    "verispec.rules": 3, "verispec.models": 4,
+    "verispec.engine": 5, "verispec.diagnose": 6, "verispec.bench": 7,
+    "verispec.flags": 8, "verispec.bench.cli": 8, "verispec.diagnose.cli": 8, "verispec.demo": 8, "verispec.cli": 9,
+}
+
+
+def _layer(module: str) -> int | None:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default=None)
+    return LAYERS[best] if best else None
+
+
+def test_layers_import_downwards():
+    """cli -> bench -> diagnose -> engine -> models -> rules -> sampling -> sets: no import goes up
+    (imports inside functions included). ``diagnose`` reaches bench's problem loading (a lower layer)
+    but never its runner, CLI or report."""
+    import ast
+
+    bad = []
+    for path in sorted(SRC.joinpath("verispec").rglob("*.py")):
+        rel = path.relative_to(SRC).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        layer = _layer(module)
+        package = module if rel.name == "__init__" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                targets = [base + "." + a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                t = _layer(target) if target.startswith("verispec.") else None
+                if layer is not None and t is not None and t > layer:
+                    bad.append(f"{module} (layer {layer}) imports {target} (layer {t})")
+    assert not bad, "\n".join(sorted(set(bad)))

@@ -11,13 +11,13 @@ from hypothesis import strategies as hst
 from scipy import stats as sst
 
 from verispec.bench.stats import (
-    bootstrap_ci,
+    clustered_mcnemar,
+    clustered_paired_difference,
+    clustered_proportion,
+    design_effect,
     mcnemar_exact,
-    mean_ci,
     newcombe_paired_interval,
     paired_difference,
-    paired_t,
-    spearman,
     wilson_interval,
     z_value,
 )
@@ -171,7 +171,7 @@ def test_paired_difference_basic_and_wald():
     assert res.p_value == pytest.approx(2 * 7 / 64)  # 2 * P[Bin(6, 1/2) <= 1]
     assert res.ci_lo < res.diff < res.ci_hi
     w = paired_difference(meth, base, method="wald")
-    half = Z95 * math.sqrt((6 - 4**2 / 20)) / 20
+    half = Z95 * math.sqrt(6 - 4**2 / 20) / 20
     assert (w.ci_lo, w.ci_hi) == pytest.approx((-0.2 - half, -0.2 + half), abs=1e-12)
     # no discordant pairs: p = 1, Wald collapses, Newcombe does not
     same = paired_difference([1, 0, 1, 1], [1, 0, 1, 1])
@@ -204,84 +204,113 @@ def test_paired_difference_properties(pairs):
 
 
 # ------------------------------------------------------------------------------------------
-# Continuous metrics
+# Clustered outcomes (several samples per problem)
 
 
-def test_mean_ci_hand_and_scipy():
-    est, lo, hi = mean_ci([1, 2, 3, 4, 5])
-    # mean 3, s = sqrt(2.5), t_{4, .975} = 2.7764451051977987
-    half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)
-    assert est == 3.0 and (lo, hi) == pytest.approx((3 - half, 3 + half), abs=1e-12)
-    assert (round(lo, 4), round(hi, 4)) == (1.0368, 4.9632)
-    rng = np.random.default_rng(0)
-    v = rng.normal(2.0, 3.0, size=57)
-    ref = sst.t.interval(0.9, len(v) - 1, loc=v.mean(), scale=sst.sem(v))
-    assert mean_ci(v, conf=0.9)[1:] == pytest.approx(ref, abs=1e-12)
-    assert math.isnan(mean_ci([])[0]) and math.isnan(mean_ci([4.0])[1])
-    assert mean_ci([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)
+def test_clustered_with_one_sample_per_problem_is_the_unclustered_interval():
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        n = int(rng.integers(2, 80))
+        y = rng.random(n) < rng.uniform(0.1, 0.9)
+        got = clustered_proportion(y, [f"p{i}" for i in range(n)])
+        assert got.design_effect == 1.0 and got.n_effective == n and got.n_clusters == n
+        assert (got.lo, got.hi) == pytest.approx(wilson_interval(int(y.sum()), n), abs=1e-12)
+        b = rng.random(n) < 0.5
+        pr = clustered_paired_difference(y, b, range(n))
+        ref = paired_difference(y, b)
+        if (y != b).any() and len(set((y.astype(int) - b.astype(int)).tolist())) > 1:
+            assert pr.design_effect == pytest.approx(1.0)
+            assert (pr.ci_lo, pr.ci_hi) == pytest.approx((ref.ci_lo, ref.ci_hi), abs=1e-12)
+        assert pr.diff == ref.diff and (pr.n01, pr.n10) == (ref.n01, ref.n10)
+        # the clustered McNemar is then the asymptotic McNemar chi-square test
+        m = ref.n01 + ref.n10
+        chi = sst.chi2.sf((ref.n10 - ref.n01) ** 2 / m, 1) if m else 1.0
+        assert pr.p_value == pytest.approx(chi, rel=1e-12)
 
 
-def test_bootstrap_ci():
-    rng = np.random.default_rng(1)
-    v = rng.normal(10.0, 2.0, size=400)
-    b1 = bootstrap_ci(v, n_boot=4000, seed=3)
-    b2 = bootstrap_ci(v, n_boot=4000, seed=3)
-    assert b1 == b2  # reproducible
-    assert b1.estimate == pytest.approx(v.mean())
-    assert b1.lo < b1.estimate < b1.hi
-    t = mean_ci(v)
-    # percentile bootstrap of the mean ~ t-interval for a large normal sample
-    assert (b1.hi - b1.lo) == pytest.approx(t.hi - t.lo, rel=0.12)
-    assert b1.lo == pytest.approx(t.lo, abs=0.1) and b1.hi == pytest.approx(t.hi, abs=0.1)
-    # a statistic without an ``axis`` argument goes through the per-resample path
-    med = bootstrap_ci(v, stat=lambda s: float(np.percentile(s, 50)), n_boot=500, seed=0)
-    med_vec = bootstrap_ci(v, stat=np.median, n_boot=500, seed=0)
-    assert med == pytest.approx(med_vec)
-    assert math.isnan(bootstrap_ci([]).estimate)
+def test_clustered_with_identical_samples_is_the_interval_of_the_problems():
+    problem_correct = [1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 1]            # 8 of 12 problems
+    problem_base = [1, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 1]
+    for m in (2, 5, 16):
+        y = np.repeat(problem_correct, m)
+        b = np.repeat(problem_base, m)
+        cl = np.repeat(np.arange(12), m)
+        got = clustered_proportion(y, cl)
+        assert got.design_effect == pytest.approx(m) and got.n_effective == pytest.approx(12)
+        assert (got.lo, got.hi) == pytest.approx(wilson_interval(8, 12), abs=1e-12)
+        naive = wilson_interval(int(y.sum()), y.size)
+        assert naive[1] - naive[0] < got.hi - got.lo  # the unclustered interval is too narrow
+        pr = clustered_paired_difference(y, b, cl)
+        ref = paired_difference(problem_correct, problem_base)
+        assert pr.design_effect == pytest.approx(m)
+        assert (pr.ci_lo, pr.ci_hi) == pytest.approx((ref.ci_lo, ref.ci_hi), abs=1e-12)
+        assert pr.diff == pytest.approx(ref.diff) and pr.n_clusters == 12 and pr.n == 12 * m
+        # Durkalski's statistic depends on the per-problem sums only through their ratio: m cancels
+        assert pr.p_value == pytest.approx(clustered_mcnemar(problem_correct, problem_base, range(12)))
 
 
-def test_paired_t_matches_scipy():
-    rng = np.random.default_rng(5)
-    x = rng.normal(0, 1, size=40)
-    y = x + rng.normal(0.3, 0.5, size=40)
-    r = paired_t(x, y)
-    ref = sst.ttest_rel(x, y)
-    assert r.t == pytest.approx(ref.statistic, rel=1e-10)
-    assert r.p_value == pytest.approx(ref.pvalue, rel=1e-10)
-    ci = ref.confidence_interval(0.95)
-    assert (r.ci_lo, r.ci_hi) == pytest.approx((ci.low, ci.high), rel=1e-10)
-    assert r.mean_diff == pytest.approx(np.mean(x - y)) and r.n == 40 and r.df == 39
-    # hand example: d = [1, 2, 3] -> mean 2, s = 1, t = 2 * sqrt(3)
-    h = paired_t([2, 4, 6], [1, 2, 3])
-    assert h.t == pytest.approx(2 * math.sqrt(3)) and h.df == 2
-    assert h.p_value == pytest.approx(2 * sst.t.sf(2 * math.sqrt(3), 2))
-    # degenerate cases
-    z = paired_t([1, 2, 3], [1, 2, 3])
-    assert z.t == 0.0 and z.p_value == 1.0
-    c = paired_t([2, 3, 4], [1, 2, 3])
-    assert c.t == math.inf and c.p_value == 0.0 and c.ci_lo == c.ci_hi == 1.0
-    assert math.isnan(paired_t([1], [0]).p_value)
-    with pytest.raises(ValueError):
-        paired_t([1, 2], [1])
+def test_design_effect_hand_values_and_degenerate_cases():
+    # clusters {0,1}: e = (1-0.5, 1-0.5) and (0-0.5, 0-0.5) -> V_c = 1^2 + 1^2 = 2, V_iid = 4 * 0.25 = 1
+    assert design_effect([1, 1, 0, 0], ["a", "a", "b", "b"]) == pytest.approx(2.0)
+    # perfectly anti-correlated within clusters -> V_c = 0; floored at 1
+    assert design_effect([1, 0, 1, 0], ["a", "a", "b", "b"]) == 1.0
+    # all outcomes equal: the worst case n / n_clusters (a run that solves everything is as
+    # informative as its problems, not its samples)
+    assert design_effect([1] * 6, [0, 0, 0, 1, 1, 1]) == 3.0
+    all_right = clustered_proportion([1] * 6, [0, 0, 0, 1, 1, 1])
+    assert (all_right.lo, all_right.hi) == pytest.approx(wilson_interval(2, 2))
+    # unequal cluster sizes: hand computation, p = 3/5
+    y, cl = [1, 1, 1, 0, 0], ["a", "a", "b", "b", "c"]
+    e = np.array(y) - 0.6
+    v_c = (e[0] + e[1]) ** 2 + (e[2] + e[3]) ** 2 + e[4] ** 2
+    assert design_effect(y, cl) == pytest.approx(max(1.0, v_c / np.sum(e * e)))
+    # a single problem: as informative as one sample, whatever its samples say
+    one = clustered_proportion([1, 0, 1, 1], ["p"] * 4)
+    assert one.design_effect == 4.0 and one.n_effective == 1.0
+    assert (one.lo, one.hi) == pytest.approx(_wilson_by_hand(0.75, 1), abs=1e-12)  # Wilson at n = 1
+    with pytest.raises(ValueError, match="one label per outcome"):
+        clustered_proportion([1, 0], ["a"])
+    with pytest.raises(ValueError, match="binary"):
+        clustered_proportion([1, 2], ["a", "b"])
+    with pytest.raises(ValueError, match="same length"):
+        clustered_paired_difference([1, 0], [1], ["a", "b"])
+    assert math.isnan(clustered_proportion([], []).estimate)
+    assert clustered_paired_difference([], [], []).p_value == 1.0
+    assert clustered_mcnemar([1, 1], [1, 1], ["a", "b"]) == 1.0
 
 
-def test_spearman_matches_scipy_and_hand():
-    # hand: ranks x = 1..5, y = [1, 2, 3.5, 5, 3.5] (tie -> average rank) -> rho = 8 / sqrt(95)
-    r = spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7])
-    assert r.rho == pytest.approx(8 / math.sqrt(95), abs=1e-12)
-    ref = sst.spearmanr([1, 2, 3, 4, 5], [5, 6, 7, 8, 7])
-    assert r.rho == pytest.approx(ref.statistic, abs=1e-12)
-    assert r.p_value == pytest.approx(ref.pvalue, rel=1e-9)
-    rng = np.random.default_rng(11)
-    for _ in range(20):
-        n = int(rng.integers(5, 60))
-        x = rng.integers(0, 8, size=n)  # plenty of ties
-        y = x + rng.integers(-4, 5, size=n)
-        got = spearman(x, y)
-        ref = sst.spearmanr(x, y)
-        assert got.rho == pytest.approx(ref.statistic, abs=1e-12)
-        assert got.p_value == pytest.approx(ref.pvalue, rel=1e-8, abs=1e-300)
-        assert got.n == n
-    assert spearman([1, 2, 3], [3, 2, 1]).rho == pytest.approx(-1.0)
-    assert spearman([1, 2, 3], [3, 2, 1]).p_value == 0.0
-    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]).rho)
+def test_clustered_interval_keeps_its_coverage_where_the_unclustered_one_does_not():
+    """Problems differ in difficulty (beta-distributed solve rates, ICC ~ 0.33), 8 samples each.
+
+    The estimand is the mean solve rate over problems.  Wilson on samples treats 240 correlated
+    samples as independent and under-covers badly; the clustered interval should be near 95%.
+    1000 replications: a binomial standard error of ~0.7 percentage points around 95%, so the
+    thresholds below (>= 0.92 and <= 0.85) are far from chance failures."""
+    rng = np.random.default_rng(7)
+    n_prob, m, a, b = 30, 8, 1.2, 0.8        # mean 0.6, ICC = 1 / (a + b + 1) = 1/3
+    truth = a / (a + b)
+    hits_cl = hits_iid = 0
+    reps = 1000
+    cl = np.repeat(np.arange(n_prob), m)
+    for _ in range(reps):
+        rates = rng.beta(a, b, size=n_prob)
+        y = (rng.random((n_prob, m)) < rates[:, None]).ravel()
+        c = clustered_proportion(y, cl)
+        lo, hi = wilson_interval(int(y.sum()), y.size)
+        hits_cl += c.lo <= truth <= c.hi
+        hits_iid += lo <= truth <= hi
+    assert hits_cl / reps >= 0.92
+    assert hits_iid / reps <= 0.85
+
+
+def test_clustered_mcnemar_hand_value():
+    # per-problem n10_g - n01_g: p 2, q 1, r -1, s 3 -> X^2 = 5^2 / (4 + 1 + 1 + 9)
+    a = [1, 1, 1, 0, 0, 1, 1, 1]
+    b = [0, 0, 0, 0, 1, 0, 0, 0]
+    cl = ["p", "p", "q", "q", "r", "s", "s", "s"]
+    per = {}
+    for x, y, g in zip(a, b, cl):
+        per[g] = per.get(g, 0) + x - y
+    assert per == {"p": 2, "q": 1, "r": -1, "s": 3}
+    stat = 5**2 / (4 + 1 + 1 + 9)
+    assert clustered_mcnemar(a, b, cl) == pytest.approx(sst.chi2.sf(stat, 1), rel=1e-12)

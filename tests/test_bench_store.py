@@ -22,6 +22,7 @@ from verispec.bench.store import (
     ResultStore,
     RunKey,
     SampleRecord,
+    StoreError,
 )
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -73,7 +74,7 @@ def test_run_id_is_stable_short_sha256_of_canonical_json():
     canon = k.canonical_json()
     assert json.loads(canon) == {
         "dataset": "gsm8k", "rule": "cascade:0.5", "sampling": "t=1.0", "gamma": 4, "draft": "d",
-        "target": "t", "max_new_tokens": 256, "seed": 0, "baseline_of": None, "role": "method",
+        "target": "t", "max_new_tokens": 256, "seed": 0, "role": "method",
     }
     assert canon == json.dumps(json.loads(canon), sort_keys=True, separators=(",", ":"))
     assert k.run_id == hashlib.sha256(canon.encode()).hexdigest()[:16]
@@ -82,7 +83,7 @@ def test_run_id_is_stable_short_sha256_of_canonical_json():
     variants = [
         _key(dataset="math"), _key(rule="cascade:0.6"), _key(sampling="t=0.7"), _key(gamma=5),
         _key(draft="d2"), _key(target="t2"), _key(max_new_tokens=512), _key(seed=1),
-        _key(baseline_of="x"), _key(role="baseline"),
+        _key(role="baseline"),
     ]
     ids = {v.run_id for v in variants} | {k.run_id}
     assert len(ids) == len(variants) + 1
@@ -123,8 +124,9 @@ def test_schema_and_pragmas(tmp_path):
     con.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     con.commit()
     con.close()
-    with pytest.raises(RuntimeError, match="schema version"):
+    with pytest.raises(StoreError, match="schema version") as err:
         ResultStore(path)
+    assert str(path) in str(err.value) and "--out" in str(err.value)
 
 
 def test_register_run_idempotent_and_pairing(tmp_path):
@@ -193,6 +195,131 @@ def test_two_handles_see_each_others_writes(tmp_path):
     assert a.done(rid) == {("p", 0), ("p", 1)}
     a.close()
     b.close()
+
+
+def test_from_stats_fills_columns_and_keeps_the_whole_stats_dict(tmp_path):
+    from verispec.engine.stats import Stats
+
+    st_ = Stats(mode="sd", rule="lossless", gamma=3, new_tokens=7, target_calls=3, draft_calls=9,
+                accepted_hist=[1, 0, 1, 1], wall_s=0.4, draft_s=0.1, verify_s=0.2, stop_reason="length",
+                cost_model_speedup=1.7)
+    with ResultStore(tmp_path / "r.sqlite") as st:
+        rid = st.register_run(_key())
+        rec = SampleRecord.from_stats(rid, "p", 0, output="x", extracted=None, correct=True,
+                                      stats=st_.to_dict(), meta={"seed": 3})
+        assert (rec.new_tokens, rec.target_calls, rec.draft_calls, rec.accepted_hist) == (7, 3, 9, [1, 0, 1, 1])
+        assert rec.other_s == pytest.approx(0.1) and rec.truncated and rec.cost_model_speedup == 1.7
+        st.add(rec)
+        (got,) = st.samples(rid)
+    assert got == rec and got.stats["block_efficiency"] == pytest.approx(7 / 3) and got.meta == {"seed": 3}
+    with pytest.raises(ValueError, match="Stats.to_dict"):
+        SampleRecord.from_stats(rid, "p", 1, output="x", extracted=None, correct=False, stats={"new_tokens": 1})
+
+
+# A version-1 store exactly as verispec 0.1 wrote it (RunKey with baseline_of, no stats column).
+_V1_SQL = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE runs (run_id TEXT PRIMARY KEY, key_json TEXT NOT NULL, pair_json TEXT NOT NULL DEFAULT '{}',
+                   created_at REAL NOT NULL);
+CREATE TABLE samples (run_id TEXT NOT NULL REFERENCES runs(run_id), problem_id TEXT NOT NULL,
+    sample_idx INTEGER NOT NULL, output TEXT NOT NULL, extracted TEXT,
+    correct INTEGER NOT NULL CHECK (correct IN (0, 1)), new_tokens INTEGER NOT NULL,
+    target_calls INTEGER NOT NULL, draft_calls INTEGER NOT NULL, accepted_hist TEXT NOT NULL,
+    wall_s REAL NOT NULL, draft_s REAL NOT NULL, verify_s REAL NOT NULL, other_s REAL NOT NULL,
+    meta TEXT NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (run_id, problem_id, sample_idx));
+INSERT INTO schema_version VALUES (1);
+"""
+
+
+def _v1_key_json(key: RunKey, baseline_of=None) -> tuple[str, str]:
+    d = {**key.to_dict(), "baseline_of": baseline_of}
+    canon = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16], canon
+
+
+def _write_v1_store(path: Path, baseline_of=None) -> dict:
+    con = sqlite3.connect(path)
+    con.executescript(_V1_SQL)
+    base = _key(rule="target-only", sampling="t=1.0,min_p=0.5", gamma=0, role="baseline")
+    meth = _key()
+    b_old, b_json = _v1_key_json(base)
+    m_old, m_json = _v1_key_json(meth, baseline_of)
+    con.execute("INSERT INTO runs VALUES (?, ?, '{}', 1.0)", (b_old, b_json))
+    con.execute("INSERT INTO runs VALUES (?, ?, ?, 2.0)", (m_old, m_json, json.dumps({"baseline": b_old})))
+    meta = {"stop_reason": "length", "cost_model_speedup": 2.5, "rule_s": 0.01, "difficulty": 3}
+    for rid, ok in ((b_old, 1), (m_old, 0)):
+        con.execute("INSERT INTO samples VALUES (?, 'p0', 0, 'out', '42', ?, 12, 4, 16, '[1, 0, 3]', "
+                    "0.5, 0.1, 0.3, 0.1, ?, 3.0)", (rid, ok, json.dumps(meta)))
+    con.commit()
+    con.close()
+    return {"base": base, "meth": meth, "b_old": b_old, "m_old": m_old}
+
+
+def test_version_1_store_is_migrated_in_place_with_a_backup(tmp_path):
+    path = tmp_path / "results.sqlite"
+    v1 = _write_v1_store(path)
+    assert v1["b_old"] != v1["base"].run_id  # dropping baseline_of changes every run id
+    with ResultStore(path) as st:
+        assert st.schema_version == SCHEMA_VERSION
+        runs = st.runs()
+        assert [k for k, _ in runs] == [v1["base"], v1["meth"]]  # registration order kept
+        assert runs[1][1] == {"baseline": v1["base"].run_id}   # pairing follows the new ids
+        (b,) = st.samples(v1["base"].run_id)
+        (m,) = st.samples(v1["meth"].run_id)
+        assert b.correct and not m.correct and m.new_tokens == 12 and m.accepted_hist == [1, 0, 3]
+        assert m.stats == {"new_tokens": 12, "target_calls": 4, "draft_calls": 16, "accepted_hist": [1, 0, 3],
+                           "wall_s": 0.5, "draft_s": 0.1, "verify_s": 0.3, "other_s": 0.1,
+                           "stop_reason": "length", "cost_model_speedup": 2.5, "rule_s": 0.01}
+        assert m.truncated and m.meta["difficulty"] == 3
+        # a resumed bench registers the same key: it finds the migrated run, not a new one
+        assert st.register_run(v1["meth"]) == v1["meth"].run_id and len(st.runs()) == 2
+        assert st.done(v1["meth"].run_id) == {("p0", 0)}
+        assert st.integrity_check() == "ok"
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA foreign_key_check").fetchall() == []
+    con.close()
+    backup = tmp_path / "results.sqlite.v1.bak"
+    con = sqlite3.connect(backup)
+    assert con.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert {r[0] for r in con.execute("SELECT run_id FROM runs")} == {v1["b_old"], v1["m_old"]}
+    con.close()
+    ResultStore(path).close()  # opening again is a no-op
+
+
+def test_version_1_store_with_baseline_of_set_is_refused_untouched(tmp_path):
+    path = tmp_path / "results.sqlite"
+    _write_v1_store(path, baseline_of="someone")
+    with pytest.raises(StoreError, match="baseline_of") as err:
+        ResultStore(path)
+    assert str(path) in str(err.value) and "move the file aside" in str(err.value)
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT version FROM schema_version").fetchall() == [(1,)]  # rolled back
+    con.close()
+
+
+@pytest.mark.parametrize("content", [b"this is not a database\n" * 200, b"SQLite format 3\x00" + b"\x07" * 5000])
+def test_corrupt_store_gives_a_clear_error(tmp_path, content):
+    path = tmp_path / "results.sqlite"
+    path.write_bytes(content)
+    with pytest.raises(StoreError) as err:
+        ResultStore(path)
+    msg = str(err.value)
+    assert str(path) in msg and "not a usable result store" in msg and "--out" in msg
+    assert isinstance(err.value, ValueError)
+    assert path.read_bytes() == content  # never overwritten
+
+
+def test_foreign_sqlite_database_is_refused(tmp_path):
+    path = tmp_path / "other.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="not a verispec result store"):
+        ResultStore(path)
+    con = sqlite3.connect(path)
+    assert {r[0] for r in con.execute("SELECT name FROM sqlite_master")} == {"people"}
+    con.close()
 
 
 # ------------------------------------------------------------------------------------------
@@ -399,7 +526,7 @@ def test_concurrent_writers_never_duplicate(tmp_path):
         for o in ("fwd", "rev", "fwd")
     ]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     written = sum(int(out.strip()) for out, _ in outs)
     assert written == 300  # every row added exactly once across the racing writers
@@ -407,3 +534,34 @@ def test_concurrent_writers_never_duplicate(tmp_path):
         (key, _), = st.runs()
         assert len(st.samples(key.run_id)) == 300
         assert st.integrity_check() == "ok"
+
+
+# ------------------------------------------------------------------------------------------
+# The command line names a corrupt store and what to do, without a traceback.
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "verispec", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("command", ["report", "bench"])
+def test_cli_reports_a_corrupt_store_clearly(tmp_path, command):
+    out = tmp_path / "run"
+    out.mkdir()
+    store = out / DEFAULT_DB_NAME
+    store.write_bytes(b"definitely not SQLite\n" * 100)
+    if command == "report":
+        proc = _cli("report", str(out), cwd=tmp_path)
+    else:
+        data = tmp_path / "q.jsonl"
+        data.write_text(json.dumps({"question": "1 + 1?", "answer": "2", "id": "a"}) + "\n")
+        proc = _cli("bench", "--dataset", str(data), "--question-field", "question", "--answer-field", "answer",
+                    "--checker", "gsm8k", "--out", str(out), "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "DatabaseError" not in proc.stderr
+    assert f"verispec: error: {store} is not a usable result store" in proc.stderr
+    assert "move the file aside" in proc.stderr and "--out" in proc.stderr
+    assert store.read_bytes() == b"definitely not SQLite\n" * 100

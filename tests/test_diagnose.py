@@ -207,12 +207,14 @@ def test_recorder_compression_on_realistic_rows(realistic):
         assert a["p_rest"][i] == pytest.approx(float(p[i][~keep].double().sum()), rel=1e-9, abs=1e-15)
         assert a["q_rest"][i] == pytest.approx(float(q[i][~keep].double().sum()), rel=1e-9, abs=1e-15)
         pn = p[i].double() / p[i].double().sum()
-        assert a["target_entropy"][i] == pytest.approx(float(-(pn * pn.clamp_min(1e-300).log()).sum()), rel=1e-6, abs=1e-7)
+        entropy = float(-(pn * pn.clamp_min(1e-300).log()).sum())
+        assert a["target_entropy"][i] == pytest.approx(entropy, rel=1e-6, abs=1e-7)
     pbar, qbar, _ = rec.dense()
     assert torch.allclose(pbar.sum(-1), torch.ones(len(rec), dtype=torch.float64))
     assert torch.allclose(qbar.sum(-1), torch.ones(len(rec), dtype=torch.float64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["t07", "t07_k20_p08"])
 def test_compression_error_bounds_hold_on_realistic_rows(realistic, config):
     p, q, rec, _ = realistic[config]
@@ -247,7 +249,8 @@ def _random_pairs(n, vocab, seed):
     conc = torch.tensor([0.1, 0.5, 2.0])[torch.randint(0, 3, (n, 1), generator=g)]
     p = torch.distributions.Gamma(conc.expand(n, vocab), 1.0).sample()
     q = torch.distributions.Gamma(conc.expand(n, vocab), 1.0).sample()
-    q = torch.where(torch.rand(n, 1, generator=g) < 0.5, 0.5 * q / q.sum(-1, keepdim=True) + 0.5 * p / p.sum(-1, keepdim=True), q)
+    mixed = 0.5 * q / q.sum(-1, keepdim=True) + 0.5 * p / p.sum(-1, keepdim=True)
+    q = torch.where(torch.rand(n, 1, generator=g) < 0.5, mixed, q)
     p = torch.where(torch.rand(n, vocab, generator=g) < 0.2, torch.zeros_like(p), p)
     q = torch.where(torch.rand(n, vocab, generator=g) < 0.1, torch.zeros_like(q), q)
     p[:, 0] += 1e-3
@@ -498,7 +501,8 @@ def test_collect_corpus_with_fake_engine(monkeypatch):
         def __init__(self, n):
             self.text, self.tokens, self.stats = "x" * n, list(range(n)), None
 
-    def fake_generate(target, draft, prompt_ids, *, rule, sampling, gamma, max_new_tokens, stop=(), seed=0, observer=None):
+    def fake_generate(target, draft, prompt_ids, *, rule, sampling, gamma, max_new_tokens, stop=(), seed=0,
+                      observer=None):
         calls.append({"prompt": list(prompt_ids), "rule": rule, "seed": seed, "stop": stop, "gamma": gamma})
         g = torch.Generator().manual_seed(len(calls))
         for step, G in enumerate((gamma, gamma, 2)):           # the last step drafts fewer tokens
@@ -516,7 +520,8 @@ def test_collect_corpus_with_fake_engine(monkeypatch):
             return [ord(c) for c in text]
 
     Problem = types.SimpleNamespace
-    problems = [Problem(dataset="gsm8k", id="7", prompt="ab", stop=("\n\n",)), Problem(dataset="math500", id="x1", prompt="c")]
+    problems = [Problem(dataset="gsm8k", id="7", prompt="ab", stop=("\n\n",)),
+                Problem(dataset="math500", id="x1", prompt="c")]
     rec = collect_corpus(Target(), object(), problems, sampling=SamplingConfig(temperature=0.7), gamma=gamma,
                          max_new_tokens=32, seed=3, recorder=PositionRecorder(), progress=True)
     assert [c["rule"] for c in calls] == ["lossless", "lossless"] and calls[0]["prompt"] == [97, 98]
@@ -529,3 +534,33 @@ def test_collect_corpus_with_fake_engine(monkeypatch):
     assert list(m["accepted"][:3]) == [1, 0, 0]
     assert list(m["draft_token"][3:6]) == [1, 2, 3]
     assert len(rec.generations) == 2
+
+
+def test_run_diagnose_on_fake_models_with_bench_correlation(tmp_path):
+    """The whole command below the CLI: problems from a JSONL, (p, q) recorded through the engine, every
+    output written, the corpus reused on a re-run, and the accuracy gaps of a bench read through the
+    reader the CLI passes in (the bench sits above diagnose)."""
+    from tests.test_bench_runner import config, fake_models
+    from verispec.bench import runner
+    from verispec.bench.cli import accuracy_gaps
+    from verispec.diagnose.run import DiagnoseConfig, run_diagnose
+
+    specs = ["lossless", "lenience:ell=0.5", "speccascade:p_base=0.3", "cos_we:lam=0.5", "typical:eps=0.2"]
+    bench_cfg = config(tmp_path, rules=specs, n_rows=4)
+    bench_out, _ = runner.run_bench(bench_cfg, progress=False, load_models=fake_models, log=lambda m: None,
+                                    report=False)
+    cfg = DiagnoseConfig(datasets=bench_cfg.datasets, question_field="question", answer_field="answer", id_field="id",
+                         checker="gsm8k", limit=3, rules=specs, sampling="temperature=1", gamma=3, max_new_tokens=8,
+                         out=str(tmp_path / "diag"), bench_dir=str(bench_out))
+    with pytest.raises(ValueError, match="accuracy_gaps"):
+        run_diagnose(cfg, progress=False, log=lambda m: None, load_models=fake_models)
+    logs: list[str] = []
+    result = run_diagnose(cfg, progress=False, log=logs.append, load_models=fake_models, accuracy_gaps=accuracy_gaps)
+    assert result["n_positions"] > 0 and any("recorded" in m for m in logs)
+    assert [e["rule"] for e in result["summary"]] == specs
+    assert result["correlation"]["rules"] == specs[1:]   # lossless is the reference, not a method
+    for name in ("diagnostics.json", "diagnostics.md", "corpus.npz", "correlation.json", "config.json"):
+        assert (tmp_path / "diag" / name).is_file()
+    again = run_diagnose(cfg, progress=False, log=logs.append, load_models=None, accuracy_gaps=accuracy_gaps)
+    assert any("reusing" in m for m in logs) and again["n_positions"] == result["n_positions"]
+    assert json.dumps(again["summary"], default=str) == json.dumps(result["summary"], default=str)

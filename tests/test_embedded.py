@@ -34,7 +34,8 @@ def test_greedy_sd_agrees_with_greedy_target_only(pair):
     ids = target.chat_prompt("Write a Python function is_even(n) that returns True if n is even.")
     ref = generate_target_only(target, ids, sampling=greedy, max_new_tokens=16, vocab_width=width)
     out = generate(target, draft, ids, rule="lossless", sampling=greedy, gamma=5, max_new_tokens=16, vocab_width=width)
-    agree = next((i for i, (a, b) in enumerate(zip(out.tokens, ref.tokens)) if a != b), min(len(out.tokens), len(ref.tokens)))
+    agree = next((i for i, (a, b) in enumerate(zip(out.tokens, ref.tokens)) if a != b),
+                 min(len(out.tokens), len(ref.tokens)))
     assert agree >= 8, (out.text, ref.text)
     assert out.stats.block_efficiency > 1.5  # the 0.5B coder drafts the 1.5B coder's greedy path well
     assert "def" in out.text
@@ -48,9 +49,10 @@ def test_sampled_sd_statistics_on_the_real_pair(pair):
     ids = target.chat_prompt("Say hello in three languages.")
     costs = measure_costs(target, draft, ids, 4, repeats=3)
     assert 0 < costs.c < 1.5 and costs.v >= 1
+    sampling = SamplingConfig.parse("temperature=0.7,top_k=20,top_p=0.8")
     for rule in ("lenience:ell=0.5", "speccascade:p_base=0.3"):
-        out = generate(target, draft, ids, rule=rule, sampling=SamplingConfig.parse("temperature=0.7,top_k=20,top_p=0.8"),
-                       gamma=4, max_new_tokens=20, seed=1, vocab_width=width, costs=costs)
+        out = generate(target, draft, ids, rule=rule, sampling=sampling, gamma=4, max_new_tokens=20, seed=1,
+                       vocab_width=width, costs=costs)
         st = out.stats
         assert 1 <= len(out.tokens) <= 20 and out.text
         assert 1 <= st.block_efficiency <= 5 and st.cost_model_speedup > 0

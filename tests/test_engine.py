@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import numpy as np
 import pytest
 import torch
 
 import verispec.rules as R
-from fake_lm import FakeLM
-from rule_cases import ALPHA, gof_pvalue
+from tests.helpers.fake_lm import FakeLM
+from tests.helpers.rule_cases import ALPHA, gof_pvalue
 from verispec.engine import generate, generate_target_only
 from verispec.sampling import SamplingConfig
 
@@ -48,6 +45,7 @@ def assert_law(counts: dict, law: dict) -> None:
     assert p > ALPHA, f"law mismatch (p = {p:.2e})"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["lossless", "block", "hsd"])
 def test_lossless_rules_match_target_only_law(spec):
     """Through real cache handling (prefill, block forwards, rollbacks), lossless SD samples the target's law."""
@@ -60,19 +58,23 @@ def test_lossless_rules_match_target_only_law(spec):
     assert_law(counts, law)
 
 
+@pytest.mark.slow
 def test_target_only_matches_its_law_and_the_law_test_has_power():
     target, draft = FakeLM(vocab=4, seed=1), FakeLM(vocab=4, seed=2)
     prompt = [0, 1]
     sampling = SamplingConfig.parse("temperature=0.8,top_k=3")
     law = exact_prefix_law(target, prompt, 3, sampling)
-    assert_law(sample_prefixes(lambda s: generate_target_only(target, prompt, sampling=sampling, max_new_tokens=3, seed=s), 4000, 3), law)
+    target_only = lambda s: generate_target_only(target, prompt, sampling=sampling, max_new_tokens=3, seed=s)
+    assert_law(sample_prefixes(target_only, 4000, 3), law)
     lossy = sample_prefixes(
-        lambda s: generate(target, draft, prompt, rule="cos_we:lam=0.2", sampling=sampling, gamma=3, max_new_tokens=3, seed=s), 4000, 3
+        lambda s: generate(target, draft, prompt, rule="cos_we:lam=0.2", sampling=sampling, gamma=3, max_new_tokens=3,
+                           seed=s), 4000, 3
     )
     keys = sorted(set(law) | set(lossy))
     assert gof_pvalue(np.array([lossy.get(k, 0) for k in keys]), np.array([law.get(k, 0.0) for k in keys])) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["lenience:ell=0.4", "speccascade:p_base=0.3", "cos_cd:mu=0.5", "typical:eps=0.2"])
 def test_lossy_rule_first_token_follows_induced(spec):
     target, draft = FakeLM(vocab=5, seed=3, scale=2.0), FakeLM(vocab=5, seed=4, scale=2.0)
@@ -83,10 +85,12 @@ def test_lossy_rule_first_token_follows_induced(spec):
     induced = rule.induced(p.double(), q.double())[0].numpy()
     counts = np.zeros(5)
     for s in range(5000):
-        counts[generate(target, draft, prompt, rule=spec, sampling=T1, gamma=3, max_new_tokens=2, seed=s).tokens[0]] += 1
+        res = generate(target, draft, prompt, rule=spec, sampling=T1, gamma=3, max_new_tokens=2, seed=s)
+        counts[res.tokens[0]] += 1
     assert gof_pvalue(counts, induced) > ALPHA
 
 
+@pytest.mark.slow
 def test_truncation_true_baseline_is_target_sampled_with_the_truncation():
     target = FakeLM(vocab=6, seed=5, scale=2.0)
     prompt = [1]
@@ -171,7 +175,8 @@ def test_statistics_are_consistent():
     out = generate(target, draft, [0, 1], rule="lenience:ell=0.5", sampling=T1, gamma=4, max_new_tokens=60, seed=1)
     st = out.stats
     steps = sum(st.accepted_hist)
-    assert st.target_calls == steps + (1 if st.new_tokens > sum(n * c for n, c in enumerate(st.accepted_hist)) + steps else 0)
+    accepted = sum(n * c for n, c in enumerate(st.accepted_hist))
+    assert st.target_calls == steps + (1 if st.new_tokens > accepted + steps else 0)
     assert sum(n * c for n, c in enumerate(st.accepted_hist)) + steps <= st.new_tokens + 4
     assert st.block_efficiency == pytest.approx(st.new_tokens / st.target_calls)
     assert st.position_reached[0] == steps
@@ -219,6 +224,7 @@ def test_greedy_sd_equals_target_only_on_tiny_hf_models(tiny_hf_pair):
     assert ref.stats.new_tokens >= 1
 
 
+@pytest.mark.slow
 def test_lossless_law_on_tiny_hf_models(tiny_hf_pair):
     """First two tokens under top-k 3 sampling: lossless SD vs the exact target law (HF cache cropping)."""
     target, draft = tiny_hf_pair.target, tiny_hf_pair.draft
@@ -235,11 +241,14 @@ def test_lossless_law_on_tiny_hf_models(tiny_hf_pair):
                 nxt[seq + (tok,)] = prob * p[tok].item()
         law = nxt
     counts = sample_prefixes(
-        lambda s: generate(target, draft, prompt, rule="lossless", sampling=sampling, gamma=3, max_new_tokens=2, seed=s), 1500, 2
+        lambda s: generate(target, draft, prompt, rule="lossless", sampling=sampling, gamma=3, max_new_tokens=2,
+                           seed=s),
+        1500, 2
     )
     assert_law(counts, law)
 
 
+@pytest.mark.slow
 def test_lossy_rule_law_on_tiny_hf_models(tiny_hf_pair):
     """First token of CoS-WE SD through the transformers backend follows the rule's induced law."""
     target, draft = tiny_hf_pair.target, tiny_hf_pair.draft
@@ -254,6 +263,23 @@ def test_lossy_rule_law_on_tiny_hf_models(tiny_hf_pair):
     induced = rule.induced(p, q)[0].numpy()
     counts = np.zeros(width)
     for s in range(1200):
-        counts[generate(target, draft, prompt, rule=rule, sampling=sampling, gamma=2, max_new_tokens=2, seed=s).tokens[0]] += 1
+        res = generate(target, draft, prompt, rule=rule, sampling=sampling, gamma=2, max_new_tokens=2, seed=s)
+        counts[res.tokens[0]] += 1
     assert gof_pvalue(counts, induced) > ALPHA
     assert np.abs(induced - p[0].numpy()).sum() > 0.05  # the rule is visibly lossy here, so the test discriminates
+
+
+def test_stats_timing_adds_the_block_seconds_to_its_field():
+    import time
+
+    from verispec.engine import Stats
+
+    st = Stats(mode="sd", rule="lossless", gamma=3)
+    for _ in range(2):
+        with st.timing("verify_s"):
+            time.sleep(0.02)
+    assert 0.04 <= st.verify_s < 1.0 and st.draft_s == st.rule_s == st.prefill_s == 0.0
+    with pytest.raises(ValueError, match="no timing field 'verify'"):
+        st.timing("verify")
+    with pytest.raises(ValueError, match="no timing field"):
+        st.timing("new_tokens")

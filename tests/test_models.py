@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_char_tokenizer, tiny_hf_model
 
+from tests.helpers.tiny_hf import tiny_char_tokenizer, tiny_hf_model
 from verispec.models import Backend, check_compatible, load_backend
 from verispec.models import embedded as emb
 

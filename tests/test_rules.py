@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import verispec.rules as R
-from rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
 
 PER_TOKEN_SPECS = [
     "lossless",
@@ -81,7 +81,9 @@ def test_sampler_matches_induced_distribution(spec):
         assert pb > ALPHA, f"{spec} on {name}: acceptance {accepted.float().mean():.4f} vs {beta:.4f}"
 
 
-@pytest.mark.parametrize("spec", ["lenience:ell=0.5", "cos_we:lam=0.4", "speccascade:p_base=0.3", "cascade:rule=chow,alpha=0.6", "typical:eps=0.1"])
+@pytest.mark.parametrize("spec", [
+    "lenience:ell=0.5", "cos_we:lam=0.4", "speccascade:p_base=0.3", "cascade:rule=chow,alpha=0.6", "typical:eps=0.1",
+])
 def test_chain_semantics(spec):
     """Position 2 (given position 1 accepted) follows P_R(p2, q2); the bonus (all accepted) follows p3."""
     rule = R.get(spec)
@@ -90,7 +92,8 @@ def test_chain_semantics(spec):
     gen = torch.Generator().manual_seed(7)
     p = torch.stack([p1, p2, p3]).expand(n, 3, -1).contiguous()
     q = torch.stack([q1, q2]).expand(n, 2, -1).contiguous()
-    draft = torch.stack([torch.multinomial(q1, n, True, generator=gen), torch.multinomial(q2, n, True, generator=gen)], 1)
+    draft = torch.stack([torch.multinomial(q1, n, True, generator=gen), torch.multinomial(q2, n, True, generator=gen)],
+                        1)
     n_acc, nxt = rule.verify(p, q, draft, generator=gen)
     second = torch.where(n_acc >= 2, draft[:, 1], nxt)[n_acc >= 1]
     counts = np.bincount(second.numpy(), minlength=p1.numel())
@@ -215,7 +218,8 @@ def test_truncation_reference_is_truncated_target():
 
 # --- greedy collapse -------------------------------------------------------------------------------
 
-COLLAPSING = ["lossless", "greedy", "block", "hsd", "lenience:ell=0.3", "ceiling:kappa=4", "speccascade:p_base=0.2", "typical:eps=0.1"]
+COLLAPSING = ["lossless", "greedy", "block", "hsd", "lenience:ell=0.3", "ceiling:kappa=4", "speccascade:p_base=0.2",
+              "typical:eps=0.1"]
 
 
 @pytest.mark.parametrize("spec", COLLAPSING)
@@ -226,7 +230,8 @@ def test_greedy_collapses_to_exact_match(spec):
     gen = torch.Generator().manual_seed(5)
     for trial in range(40):
         targets = torch.randint(0, v, (gamma + 1,), generator=gen)
-        draft = torch.where(torch.rand(gamma, generator=gen) < 0.7, targets[:gamma], torch.randint(0, v, (gamma,), generator=gen))
+        draft = torch.where(torch.rand(gamma, generator=gen) < 0.7, targets[:gamma],
+                            torch.randint(0, v, (gamma,), generator=gen))
         p = torch.nn.functional.one_hot(targets, v).double()[None]
         q = torch.nn.functional.one_hot(draft, v).double()[None]
         n, z = rule.verify(p, q, draft[None], generator=gen)
@@ -284,6 +289,7 @@ def _generate_prefix_law(rule, target: ToyModel, draft_model: ToyModel, gamma: i
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["lossless", "block", "hsd"])
 def test_lossless_rules_reproduce_joint_law(spec):
     v, gamma, length = 3, 3, 3
@@ -296,6 +302,7 @@ def test_lossless_rules_reproduce_joint_law(spec):
     assert gof_pvalue(observed, probs) > ALPHA
 
 
+@pytest.mark.slow
 def test_lossy_rule_is_detected_by_the_joint_law_test():
     """The joint-law test has power: lenience 0.3 on the same toy models is rejected."""
     v, gamma, length = 3, 3, 3
@@ -361,7 +368,8 @@ def test_sequence_level_rules_have_no_per_token_law():
 
 # --- batching, reproducibility, errors ----------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", ["lossless", "block", "hsd", "lenience:ell=0.5", "speccascade:p_base=0.3", "cos_cd:mu=0.2"])
+@pytest.mark.parametrize(
+    "spec", ["lossless", "block", "hsd", "lenience:ell=0.5", "speccascade:p_base=0.3", "cos_cd:mu=0.2"])
 def test_batch_rows_are_independent_and_seeded(spec):
     rule = R.get(spec)
     gen = torch.Generator().manual_seed(0)
@@ -440,3 +448,119 @@ def test_registry_errors_and_round_trip():
     assert R.get("lenience:0.5") == R.get("lenience:ell=0.5")
     assert R.get("lossless").is_lossless and not R.get("lenience:ell=0.5").is_lossless
     assert R.get("lenience:ell=1").is_lossless
+
+
+# --------------------------------------------------------------------------------------------------
+# one parameter grammar and one set definition for rules and the sampling pipeline
+
+
+@pytest.mark.parametrize("spec", ["typical:eps=1", "typical:eps=0", "typical:eps=1.5", "speccascade:p_base=1.01"])
+def test_truncation_parameters_outside_their_baseline_range_are_refused(spec):
+    with pytest.raises(ValueError, match="must be a number with"):
+        R.get(spec)
+
+
+@pytest.mark.parametrize("spec", [
+    "typical:eps=1e-9", "typical:eps=0.999999", "typical:eps=0.5,delta=40", "speccascade:p_base=0",
+    "speccascade:p_base=1",
+    "cascade:rule=token_v3,alpha=0", "cascade:rule=token_v3,alpha=1",
+])
+def test_every_accepted_truncation_rule_has_a_valid_baseline(spec):
+    """A rule the registry accepts can always be benchmarked beside its true baseline."""
+    from verispec.sampling import SamplingConfig
+
+    rule = R.get(spec)
+    base = SamplingConfig.parse("temperature=0.7,top_k=20").with_truncation(**rule.baseline_truncation())
+    assert SamplingConfig.parse(base.spec()) == base
+
+
+def test_rule_and_sampling_errors_share_one_grammar():
+    from verispec.sampling import SamplingConfig
+
+    for parse, text, match in [
+        (R.get, "lenience:ell=0.5,ell=0.4", "'ell' given more than once"),
+        (SamplingConfig.parse, "top_p=0.8,p=0.9", "'top_p' given more than once"),
+        (R.get, "lenience:ell=", "missing value for ell"),
+        (SamplingConfig.parse, "top_p=", "missing value for top_p"),
+        (R.get, "lenience:ell=0.5=1", "malformed setting"),
+        (SamplingConfig.parse, "top_p=0.5=1", "malformed setting"),
+        (R.get, "lenience:ell=abc", "lenience: ell must be a number with 0 < ell <= 1, got 'abc'"),
+        (SamplingConfig.parse, "top_p=abc", r"sampling: top_p must be a finite number in \(0, 1\]"),
+        (R.get, "lenience:ell=nan", "ell must be"),
+        (SamplingConfig.parse, "eta=inf", "eta must be"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            parse(text)
+    # keys are case-insensitive and '-' may replace '_' on both sides
+    assert R.get("ceiling:KAPPA=2,Base=we") == R.get("ceiling:kappa=2,base=we")
+    assert SamplingConfig.parse("Top-P=0.5") == SamplingConfig(top_p=0.5)
+
+
+def test_typical_sampler_and_law_agree_on_tied_maxima_above_the_threshold():
+    """δ > 1 can put the η threshold above max p; the η set then keeps only the first argmax
+    (verispec.sets.eta_mask, as the η warper does), and the sampler must accept exactly that set."""
+    rule = R.get("typical:eps=0.9,delta=5")
+    p = torch.tensor([0.05, 0.3, 0.3, 0.2, 0.15], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.2, 0.5, 0.1, 0.1], dtype=torch.float64)
+    from verispec import sets
+
+    assert sets.eta_threshold(p, 0.9, 5.0).item() > p.max().item()
+    assert rule.accept_prob_all(p, q).tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]   # token 2 ties token 1 but is out
+    n = 40_000
+    gen = torch.Generator().manual_seed(11)
+    draft = torch.multinomial(q, n, replacement=True, generator=gen)[:, None]
+    n_acc, z = rule.verify(p.expand(n, 2, 5), q.expand(n, 1, 5), draft, generator=gen)
+    emitted = torch.where(n_acc == 1, draft[:, 0], z)
+    counts = np.bincount(emitted.numpy(), minlength=5)
+    assert gof_pvalue(counts, rule.induced(p, q).numpy()) > ALPHA
+    # the rejected tied token (q = 0.5) is emitted only through the rejection draw from p
+    assert abs(counts[2] / n - (1 - 0.2) * 0.3) < 0.02
+
+
+def test_each_rule_states_the_form_of_its_law():
+    forms = {spec: R.get(spec).induced_form() for spec in [
+        "lossless", "greedy", "lenience:ell=0.4", "ceiling:kappa=2.5", "cos_we:lam=0.3", "speccascade:p_base=0",
+        "speccascade:p_base=0.3", "typical:eps=0.2", "cascade:rule=token_v3,alpha=0.7", "cascade:rule=token_v3,alpha=1",
+        "cascade:rule=chow,alpha=0.5", "cos_cd:mu=0.2", "ceiling:kappa=2,base=we,lam=0.5"]}
+    assert forms["lossless"].kind == "target" and forms["greedy"].kind == "argmax"
+    assert (forms["lenience:ell=0.4"].kind, forms["lenience:ell=0.4"].ell) == ("capped", 0.4)
+    assert (forms["ceiling:kappa=2.5"].kind, forms["ceiling:kappa=2.5"].ell) == ("capped", 0.4)
+    assert (forms["cos_we:lam=0.3"].kind, forms["cos_we:lam=0.3"].lam) == ("mixture", 0.3)
+    assert forms["speccascade:p_base=0"] == forms["cascade:rule=token_v3,alpha=1"] == R.InducedForm("mixture", lam=0.0)
+    assert forms["speccascade:p_base=0.3"] == R.InducedForm("min_p_set", p_base=0.3)
+    assert forms["typical:eps=0.2"] == R.InducedForm("eta_set", eps=0.2, delta=math.sqrt(0.2))
+    token_v3 = forms["cascade:rule=token_v3,alpha=0.7"]
+    assert token_v3.kind == "min_p_set" and token_v3.p_base == pytest.approx(0.3)
+    assert not token_v3.acceptance_is_set_mass
+    for spec in ("cascade:rule=chow,alpha=0.5", "cos_cd:mu=0.2", "ceiling:kappa=2,base=we,lam=0.5"):
+        assert forms[spec].kind == "other"
+    # the stated forms are the laws: check each against the rule's own closed form
+    p, q = CASES["tail_overshoot"]
+    for spec, form in forms.items():
+        P = R.get(spec).induced(p, q)
+        if form.kind == "target":
+            torch.testing.assert_close(P, p)
+        elif form.kind == "capped":
+            torch.testing.assert_close(P, R.get(f"lenience:ell={form.ell!r}").induced(p, q))
+        elif form.kind == "mixture":
+            torch.testing.assert_close(P, form.lam * p + (1 - form.lam) * q)
+        elif form.kind == "min_p_set":
+            torch.testing.assert_close(P, R.get(f"speccascade:p_base={form.p_base!r}").induced(p, q))
+    pointwise = [s for s in forms if R.get(s).pointwise_acceptance]
+    assert pointwise == ["lossless", "lenience:ell=0.4", "ceiling:kappa=2.5", "cos_we:lam=0.3"]
+
+
+def test_rules_built_directly_validate_like_specs():
+    from verispec.rules.collaborative import CeilingOnEnsemble, CosWE, Lenience
+    from verispec.rules.truncation import Cascade, SpecCascade, Typical
+
+    for build, match in [
+        (lambda: Lenience(2.0), "ell must be"), (lambda: Lenience("0.5"), "ell must be"),
+        (lambda: CosWE(-0.1), "lam must be"),
+        (lambda: SpecCascade(1.5), "p_base must be"), (lambda: Typical(1.0), "eps must be"),
+        (lambda: Typical(0.1, delta=0.0), "delta must be"), (lambda: Cascade("nope", 0.1), "rule must be one of"),
+        (lambda: CeilingOnEnsemble(0.5, "we"), "kappa must be"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            build()
+    assert Lenience(1) == R.get("lenience:ell=1") and Lenience(1).is_lossless

@@ -7,6 +7,7 @@ Hugging Face's own warpers are compared too when ``transformers`` is installed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 from unittest import mock
@@ -17,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from verispec import sampling
+from verispec import sampling, topk
 from verispec.sampling import (
     EpsilonCutoff,
     EtaCutoff,
@@ -307,7 +308,7 @@ def test_block_path_matches_reference(x, cfg):
     """The compact block top-k path (forced on small vocabularies with 4-wide blocks)."""
     ref, margin = ref_pipeline(x, cfg)
     assume(margin > MARGIN)
-    with mock.patch.object(sampling, "_BLOCK", 4), mock.patch.object(sampling, "_BLOCK_MIN_V", 1):
+    with mock.patch.object(topk, "BLOCK", 4), mock.patch.object(topk, "BLOCK_MIN_V", 1):
         probs = cfg.process(torch.from_numpy(x))
         logits = cfg.process_logits(torch.from_numpy(x))
     assert_matches_reference(probs, ref, x)
@@ -391,7 +392,7 @@ def test_large_vocab_equals_warper_chain(spec, kind):
 
 def test_block_top_k_compact_path_is_taken_and_falls_back_on_ties():
     calls = []
-    real = sampling._top_k_compact
+    real = topk.top_k_compact
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -399,7 +400,7 @@ def test_block_top_k_compact_path_is_taken_and_falls_back_on_ties():
         return out
 
     cfg = SamplingConfig(top_k=20, temperature=0.7)
-    with mock.patch.object(sampling, "_top_k_compact", spy):
+    with mock.patch.object(topk, "top_k_compact", spy):
         x = torch.randn(6, 151_936)
         p1 = cfg.process(x)
         tied = torch.zeros(6, 151_936)
@@ -575,7 +576,8 @@ def test_bad_logits_raise(V, spec, bad):
         cfg.process_logits(x)
 
 
-@pytest.mark.parametrize("w", [Temperature(0.7), Temperature(0.0), TopK(3), TopP(0.5), MinP(0.1), EtaCutoff(0.01), EpsilonCutoff(0.01)])
+@pytest.mark.parametrize(
+    "w", [Temperature(0.7), Temperature(0.0), TopK(3), TopP(0.5), MinP(0.1), EtaCutoff(0.01), EpsilonCutoff(0.01)])
 def test_warpers_refuse_nan(w):
     with pytest.raises(ValueError, match="NaN"):
         w(torch.tensor([[0.0, float("nan"), 1.0]]))
@@ -715,7 +717,7 @@ def test_config_is_hashable_and_frozen():
     assert hash(c) == hash(SamplingConfig(temperature=0.7))
     c.process(torch.randn(3))  # caches the warpers; must not break equality
     assert c == SamplingConfig(temperature=0.7)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.temperature = 1.0  # type: ignore[misc]
 
 

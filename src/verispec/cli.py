@@ -5,6 +5,7 @@
   verispec generate ...              one generation (SD with a rule, or --baseline target-only)
   verispec bench ...                 diagnostic evaluation: rules beside their true baselines
   verispec report DIR                the report of a bench directory
+  verispec regrade DIR [--write]     re-check a bench directory's stored outputs with today's checkers
   verispec diagnose ...              per-token distortion of each rule on real trajectories
 """
 
@@ -14,30 +15,8 @@ import argparse
 import json
 import sys
 
-from verispec import __version__
+from verispec import __version__, flags
 from verispec.runtime import tune_openmp
-
-
-def _add_model_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--target", default=None, help="target model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-1.5B)")
-    ap.add_argument("--draft", default=None, help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B)")
-    ap.add_argument("--n-threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
-    ap.add_argument("--n-ctx", type=int, default=4096, help="context length for llama.cpp models")
-    ap.add_argument("--device", default="cpu", help="device for transformers models (cpu, cuda, ...)")
-    ap.add_argument("--dtype", default=None, help="dtype for transformers models (float32, bfloat16, float16, float64)")
-
-
-def _add_decoding_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--sampling", default="temperature=1", help="sampling pipeline, e.g. temperature=0.7,top_p=0.8,top_k=20 (temperature=0: greedy)")
-    ap.add_argument("--gamma", type=int, default=5, help="draft tokens per target call γ (>= 1)")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=0)
-
-
-def _load_models(args, need_draft: bool):
-    from verispec.bench.runner import load_models_for
-
-    return load_models_for(args, need_draft)
 
 
 def cmd_demo(args) -> int:
@@ -84,17 +63,22 @@ def _stats_table(stats, baseline: bool) -> str:
 def cmd_generate(args) -> int:
     import verispec.rules as R
     from verispec.engine import generate, generate_target_only, measure_costs
+    from verispec.models import load_pair
     from verispec.sampling import SamplingConfig
 
     sampling = SamplingConfig.parse(args.sampling)
     rule = R.get(args.rule)
     if args.gamma < 1:
         raise ValueError(f"--gamma must be >= 1, got {args.gamma}")
-    target, draft, width = _load_models(args, need_draft=not args.baseline)
-    prompt_ids = target.tokenize(args.prompt, add_special=True) if args.no_chat else target.chat_prompt(args.prompt, system=args.system)
+    target, draft, width = load_pair(args, need_draft=not args.baseline)
+    if args.no_chat:
+        prompt_ids = target.tokenize(args.prompt, add_special=True)
+    else:
+        prompt_ids = target.chat_prompt(args.prompt, system=args.system)
     if args.baseline:
         sampling = sampling.with_truncation(**rule.baseline_truncation()) if rule.baseline_truncation() else sampling
-        result = generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed)
+        result = generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                                      stop=args.stop, seed=args.seed)
     else:
         costs = measure_costs(target, draft, prompt_ids, args.gamma) if not args.no_cost_model else None
         result = generate(
@@ -108,14 +92,16 @@ def cmd_generate(args) -> int:
         print(json.dumps(record))
     else:
         print(result.text)
-        label = f"target-only ({sampling.spec() or 'temperature=1'})" if args.baseline else f"{rule.spec()} γ={args.gamma} ({sampling.spec() or 'temperature=1'})"
+        setting = sampling.spec() or "temperature=1"
+        label = f"target-only ({setting})" if args.baseline else f"{rule.spec()} γ={args.gamma} ({setting})"
         print(f"\n--- {label}", file=sys.stderr)
         print(_stats_table(result.stats, args.baseline), file=sys.stderr)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="verispec", description="Speculative decoding with lossless and lossy verification, and diagnostics.")
+    ap = argparse.ArgumentParser(
+        prog="verispec", description="Speculative decoding with lossless and lossy verification, and diagnostics.")
     ap.add_argument("--version", action="version", version=f"verispec {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -131,12 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message for the chat template")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--rule", default="lossless", help="verification rule spec (see `verispec rules`)")
-    p.add_argument("--baseline", action="store_true", help="target-only decoding with the same sampling plus the rule's true-baseline truncation; no draft loaded")
+    p.add_argument("--baseline", action="store_true",
+                   help="target-only decoding with the same sampling plus the rule's true-baseline truncation; "
+                   "no draft loaded")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON record")
-    p.add_argument("--no-cost-model", action="store_true", help="skip measuring per-call costs for the cost-model speedup")
-    _add_model_args(p)
-    _add_decoding_args(p)
+    p.add_argument("--no-cost-model", action="store_true",
+                   help="skip measuring per-call costs for the cost-model speedup")
+    flags.add_model_flags(p)
+    flags.add_decoding_flags(p)
     p.set_defaults(func=cmd_generate)
 
     _add_bench_parsers(sub)
@@ -144,11 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_bench_parsers(sub) -> None:
-    from verispec.bench.cli import add_parsers
+    from verispec.bench.cli import accuracy_gaps, add_parsers
     from verispec.diagnose.cli import add_parser as add_diagnose_parser
 
-    add_parsers(sub, _add_model_args, _add_decoding_args)
-    add_diagnose_parser(sub, _add_model_args, _add_decoding_args)
+    add_parsers(sub)
+    add_diagnose_parser(sub, accuracy_gaps=accuracy_gaps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,18 +32,12 @@ DEMO_RULES = [
 
 
 def rule_figures(rule: R.Rule, p: torch.Tensor, q: torch.Tensor) -> dict[str, float]:
-    induced = rule.induced(p, q)
-    reference = rule.reference(p, q)
-    pos = p > 0
-    ratio = (induced[pos] / p[pos]).max().item()
-    if (induced[~pos] > 0).any():
-        ratio = float("inf")
-    return {
-        "acceptance": rule.acceptance_rate(p, q).item(),
-        "tv": 0.5 * (induced - reference).abs().sum().item(),
-        "overshoot": (induced - p).clamp_min(0).sum().item(),
-        "ceiling_ratio": ratio,
-    }
+    """Acceptance, TV to the true baseline, overshoot and ceiling ratio of ``rule`` at one position
+    (the measures of :func:`verispec.diagnose.measures.measure`)."""
+    from verispec.diagnose.measures import measure
+
+    m = measure(rule, p, q, gamma=1)
+    return {k: float(m[k]) for k in ("acceptance", "tv", "overshoot", "ceiling_ratio")}
 
 
 def demo_table(specs: list[str] | None = None) -> str:
@@ -62,7 +56,8 @@ def demo_table(specs: list[str] | None = None) -> str:
         f = rule_figures(rule, p, q)
         ref = "p_A (truncated target)" if rule.baseline_truncation() else "p"
         lines.append(
-            f"{rule.spec():34} {f['acceptance']:7.3f} {f['tv']:13.4f} {f['overshoot']:10.4f} {f['ceiling_ratio']:10.2f}  {ref}"
+            f"{rule.spec():34} {f['acceptance']:7.3f} {f['tv']:13.4f} {f['overshoot']:10.4f} "
+            f"{f['ceiling_ratio']:10.2f}  {ref}"
         )
     lines += [
         "",

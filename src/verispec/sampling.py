@@ -41,8 +41,9 @@ Speed
 -----
 The hot case is a handful of rows (``G + 1`` verification positions) over a ~152k vocabulary on a
 small CPU, where a full ``torch.sort`` (tens of ms) or even ``torch.topk`` (~2 ms) over the vocabulary
-dominates. :class:`SamplingConfig` therefore runs top-k on a block decomposition of each row: one
-vectorised pass computes the maximum of every block of :data:`_BLOCK` consecutive logits (that pass
+dominates. :class:`SamplingConfig` therefore runs top-k on a block decomposition of each row
+(:mod:`verispec.topk`): one vectorised pass computes the maximum of every block of
+:data:`verispec.topk.BLOCK` consecutive logits (that pass
 also serves as the NaN/inf check and as the greedy argmax), the best blocks are gathered, and the
 exact top-k — ties included — is taken among their entries. The kept tokens are then carried as a
 compact ``[rows, K]`` set (values plus vocabulary indices, in vocabulary order) through top-p / min-p
@@ -66,15 +67,15 @@ flat rows, top-p / min-p / η / ε work on the dense rows (several ms to tens of
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import NamedTuple
 
 import torch
 
+from . import topk
 from .checks import check_finite_logits
+from .params import Param, in_range, parse_settings
 from .sets import epsilon_mask, eta_mask, min_p_mask
 
 __all__ = [
@@ -89,10 +90,6 @@ __all__ = [
 
 _NEG_INF = float("-inf")
 
-#: Block width of the block-max decomposition used for fast top-k / argmax on long rows.
-_BLOCK = 128
-#: Rows shorter than this use plain ``torch.topk`` / ``torch.argmax``.
-_BLOCK_MIN_V = 8192
 #: First window of the top-p search (grown ×4 until the mass threshold is inside the window).
 _TOP_P_WINDOW = 64
 
@@ -101,22 +98,40 @@ _TOP_P_WINDOW = 64
 # parameter and input validation
 
 
-def _as_float(name: str, value, expected: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return value
+def _nonneg(v) -> bool:
+    return v >= 0
 
 
-def _check_range(name: str, value, lo: float, hi: float, lo_open: bool, hi_open: bool) -> float:
-    lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-    expected = f"a finite number in {lb}{lo:g}, {hi:g}{rb}"
-    v = _as_float(name, value, expected)
-    if (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return v
+def _positive(v) -> bool:
+    return v > 0
+
+
+#: The fields of :class:`SamplingConfig` (0 / 1 / None switch a warper off), parsed and validated by
+#: the grammar of :mod:`verispec.params`, shared with rule specs.
+CONFIG_PARAMS = (
+    Param("temperature", float, _nonneg, "a finite number >= 0 (0 = greedy, 1 = off)", default=1.0,
+          aliases=("t", "temp")),
+    Param("top_k", int, _nonneg, "an integer >= 0 (0 = off)", default=0, aliases=("topk", "k")),
+    Param("top_p", float, in_range(0, 1, lo_open=True), "a finite number in (0, 1] (1 = off)", default=1.0,
+          aliases=("topp", "p")),
+    Param("min_p", float, in_range(0, 1), "a finite number in [0, 1] (0 = off)", default=0.0, aliases=("minp",)),
+    Param("eta", float, in_range(0, 1, hi_open=True), "a finite number in [0, 1) (0 = off)", default=0.0,
+          aliases=("eta_cutoff",)),
+    Param("eta_delta", float, _positive, "a finite number > 0 or None (= sqrt(eta))", default=None, aliases=("delta",),
+          nullable=True),
+    Param("epsilon", float, in_range(0, 1, hi_open=True), "a finite number in [0, 1) (0 = off)", default=0.0,
+          aliases=("eps", "epsilon_cutoff")),
+)
+_CONFIG = {p.name: p for p in CONFIG_PARAMS}
+
+#: The parameters of the warper objects, each switched on (so the "off" values are refused).
+_TEMPERATURE = Param("temperature", float, _nonneg, "a finite number >= 0 (0 = greedy)")
+_TOP_K = Param("top_k", int, _positive, "an integer >= 1")
+_TOP_P = _CONFIG["top_p"]
+_MIN_P = Param("min_p", float, in_range(0, 1, lo_open=True), "a finite number in (0, 1]")
+_ETA = Param("eta", float, in_range(0, 1, lo_open=True, hi_open=True), "a finite number in (0, 1)")
+_ETA_DELTA = _CONFIG["eta_delta"]
+_EPSILON = Param("epsilon", float, in_range(0, 1, lo_open=True, hi_open=True), "a finite number in (0, 1)")
 
 
 def _prepare(logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
@@ -146,124 +161,6 @@ def _remove(x: torch.Tensor, drop: torch.Tensor, inplace: bool) -> torch.Tensor:
     return x.masked_fill_(drop, _NEG_INF) if inplace else x.masked_fill(drop, _NEG_INF)
 
 
-# --------------------------------------------------------------------------------------------------
-# block decomposition of long rows
-
-
-class _Blocks(NamedTuple):
-    """Rows ``[R, V]`` viewed as ``nb`` blocks of ``B`` logits plus a tail of ``V - nb·B``."""
-
-    main: torch.Tensor  # [R, nb, B] view
-    bmax: torch.Tensor  # [R, nb] block maxima
-    tail: torch.Tensor  # [R, r] view, r < B
-    row_max: torch.Tensor  # [R]
-    block: int
-
-
-def _make_blocks(rows: torch.Tensor, block: int | None = None) -> _Blocks:
-    block = block or _BLOCK
-    R, V = rows.shape
-    nb = V // block
-    main = rows[:, : nb * block].view(R, nb, block)
-    bmax = main.amax(-1)
-    tail = rows[:, nb * block :]
-    row_max = bmax.amax(-1)
-    if tail.shape[-1]:
-        row_max = torch.maximum(row_max, tail.amax(-1))
-    return _Blocks(main, bmax, tail, row_max, block)
-
-
-def _first_argmax(rows: torch.Tensor, blocks: _Blocks | None) -> torch.Tensor:
-    """First index of the row maximum, ``[R, V] -> [R, 1]`` (``torch.argmax`` semantics, no NaN)."""
-    if blocks is None:
-        return rows.argmax(-1, keepdim=True)
-    main, bmax, tail, row_max, B = blocks
-    R = rows.shape[0]
-    bi = bmax.argmax(-1)  # first block holding the maximum of the main part
-    inner = main.gather(1, bi.view(R, 1, 1).expand(R, 1, B)).view(R, B).argmax(-1)
-    idx = bi * B + inner
-    if tail.shape[-1]:
-        # the tail comes after every block, so it only wins with a strictly larger value
-        tail_wins = tail.amax(-1) > bmax.amax(-1)
-        idx = torch.where(tail_wins, main.shape[1] * B + tail.argmax(-1), idx)
-    return idx.unsqueeze(-1)
-
-
-def _block_candidates(blocks: _Blocks, n_take: int):
-    """Entries of the ``n_take`` blocks with the largest maxima, then the tail.
-
-    Returns ``(values [R, M], taken block ids [R, n_take], best max among the blocks not taken [R])``
-    with ``M = n_take·B + r``; :func:`_candidate_index` maps candidate positions to vocabulary ids.
-    Requires ``n_take < nb``.
-    """
-    main, bmax, tail, _, B = blocks
-    R = main.shape[0]
-    bv, bi = torch.topk(bmax, n_take + 1, dim=-1)
-    nxt = bv[:, n_take]
-    bi = bi[:, :n_take]
-    cand = main.gather(1, bi.unsqueeze(-1).expand(R, n_take, B)).reshape(R, n_take * B)
-    if tail.shape[-1]:
-        cand = torch.cat([cand, tail], dim=1)
-    return cand, bi, nxt
-
-
-def _candidate_index(pos: torch.Tensor, bi: torch.Tensor, blocks: _Blocks) -> torch.Tensor:
-    """Vocabulary ids of candidate positions ``pos [R, K]`` from :func:`_block_candidates`."""
-    B = blocks.block
-    n_take = bi.shape[1]
-    slot = torch.div(pos, B, rounding_mode="floor")
-    in_block = slot < n_take
-    idx = bi.gather(1, slot.clamp_(max=n_take - 1)) * B + (pos - slot * B)
-    if blocks.tail.shape[-1]:
-        tail_idx = pos + (blocks.main.shape[1] - n_take) * B  # tail position j -> nb·B + j
-        idx = torch.where(in_block, idx, tail_idx)
-    return idx
-
-
-def _topk_values(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k`` largest values of each row, sorted descending. ``[..., N] -> [..., k]``.
-
-    Exact as a multiset (ties are irrelevant for values): a block whose maximum is not among the k
-    largest block maxima cannot hold an entry larger than the k-th largest value, and the k blocks
-    taken hold at least k entries that are >= it.
-    """
-    N = x.shape[-1]
-    if N >= _BLOCK_MIN_V and N // _BLOCK > 4 * k:
-        rows = x.reshape(-1, N)
-        cand, _, _ = _block_candidates(_make_blocks(rows), k)
-        return torch.topk(cand, k, dim=-1).values.view(*x.shape[:-1], k)
-    return torch.topk(x, k, dim=-1).values
-
-
-def _top_k_compact(rows: torch.Tensor, blocks: _Blocks, k: int, temperature: float):
-    """Top-k of ``rows / temperature`` as a compact set, or ``None`` if ties could spill over.
-
-    Returns ``(values [R, K], vocab indices [R, K])`` with the indices ascending in each row; rows
-    keeping fewer than ``K`` tokens are padded with ``-inf`` values at distinct unused indices.
-    """
-    nb = blocks.main.shape[1]
-    n_take = 2 * k
-    if n_take >= nb:
-        return None
-    cand, bi, nxt = _block_candidates(blocks, n_take)
-    if temperature != 1.0:
-        cand = cand / temperature
-        nxt = nxt / temperature
-    kth = torch.topk(cand, k, dim=-1).values[:, k - 1 :]  # [R, 1]
-    # Every entry >= kth lies in a taken block unless a block not taken reaches kth (a tie).
-    complete = (nxt < kth[:, 0]) | (nxt == _NEG_INF)
-    if not bool(complete.all()):
-        return None
-    # -inf entries are kept by top-k when a row has fewer than k finite logits, but they keep
-    # probability 0 either way, so the compact set carries only the finite ones.
-    keep = (cand >= kth) & (cand > _NEG_INF)
-    width = int(keep.sum(-1).max())
-    vals, pos = torch.topk(cand.masked_fill_(~keep, _NEG_INF), width, dim=-1)
-    idx = _candidate_index(pos, bi, blocks)
-    idx, order = torch.sort(idx, dim=-1)
-    return vals.gather(1, order), idx
-
-
 def _top_p_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Smallest kept probability of top-p on ``probs [..., N]`` -> ``[..., 1]``.
 
@@ -276,7 +173,7 @@ def _top_p_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         if k == N:
             vals = torch.sort(probs, dim=-1, descending=True).values
         else:
-            vals = _topk_values(probs, k)  # [..., k], descending
+            vals = topk.topk_values(probs, k)  # [..., k], descending
         cum = torch.cumsum(vals, dim=-1, dtype=torch.float64)
         above = torch.nn.functional.pad(cum[..., :-1], (1, 0))  # mass ranked strictly above
         # kept positions form a prefix (``above`` is non-decreasing); position 0 is always kept
@@ -325,11 +222,7 @@ class Temperature(_Warper):
     """``logits / T`` for ``T > 0``; ``T == 0`` is greedy: 0 at the first argmax, ``-inf`` elsewhere."""
 
     def __init__(self, temperature: float):
-        self.temperature = _as_float(
-            "temperature", temperature, "a finite number >= 0 (0 = greedy)"
-        )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+        self.temperature = _TEMPERATURE.check("", temperature)
 
     def _apply(self, x: torch.Tensor, inplace: bool) -> torch.Tensor:
         if self.temperature == 0.0:
@@ -349,9 +242,7 @@ class TopK(_Warper):
     """Keep the tokens whose logit is ``>=`` the k-th largest (boundary ties kept); ``k >= V``: no-op."""
 
     def __init__(self, top_k: int):
-        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k <= 0:
-            raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
-        self.top_k = int(top_k)
+        self.top_k = _TOP_K.check("", top_k)
 
     def _apply(self, x: torch.Tensor, inplace: bool) -> torch.Tensor:
         if self.top_k >= x.shape[-1]:
@@ -370,7 +261,7 @@ class TopP(_Warper):
     """
 
     def __init__(self, top_p: float):
-        self.top_p = _check_range("top_p", top_p, 0.0, 1.0, lo_open=True, hi_open=False)
+        self.top_p = _TOP_P.check("", top_p)
 
     def _apply(self, x: torch.Tensor, inplace: bool) -> torch.Tensor:
         if self.top_p >= 1.0:
@@ -387,7 +278,7 @@ class MinP(_Warper):
     """Keep ``{x : p(x) >= min_p · max p}`` (:func:`verispec.sets.min_p_mask`); ``min_p`` in ``(0, 1]``."""
 
     def __init__(self, min_p: float):
-        self.min_p = _check_range("min_p", min_p, 0.0, 1.0, lo_open=True, hi_open=False)
+        self.min_p = _MIN_P.check("", min_p)
 
     def _apply(self, x: torch.Tensor, inplace: bool) -> torch.Tensor:
         keep = min_p_mask(torch.softmax(x, dim=-1), self.min_p)
@@ -404,12 +295,8 @@ class EtaCutoff(_Warper):
     """
 
     def __init__(self, epsilon: float, delta: float | None = None):
-        self.epsilon = _check_range("eta", epsilon, 0.0, 1.0, lo_open=True, hi_open=True)
-        if delta is not None:
-            delta = _as_float("eta_delta", delta, "a finite number > 0 or None (= sqrt(eta))")
-            if delta <= 0:
-                raise ValueError(f"eta_delta must be a finite number > 0 or None (= sqrt(eta)), got {delta!r}")
-        self.delta = delta
+        self.epsilon = _ETA.check("", epsilon)
+        self.delta = _ETA_DELTA.check("", delta)
 
     def _apply(self, x: torch.Tensor, inplace: bool) -> torch.Tensor:
         keep = eta_mask(torch.softmax(x, dim=-1), self.epsilon, self.delta)
@@ -424,7 +311,7 @@ class EpsilonCutoff(_Warper):
     """ε-cutoff: keep ``{x : p(x) >= ε}`` plus the argmax (:func:`verispec.sets.epsilon_mask`); ε in ``(0, 1)``."""
 
     def __init__(self, epsilon: float):
-        self.epsilon = _check_range("epsilon", epsilon, 0.0, 1.0, lo_open=True, hi_open=True)
+        self.epsilon = _EPSILON.check("", epsilon)
 
     def _apply(self, x: torch.Tensor, inplace: bool) -> torch.Tensor:
         keep = epsilon_mask(torch.softmax(x, dim=-1), self.epsilon)
@@ -436,28 +323,6 @@ class EpsilonCutoff(_Warper):
 
 # --------------------------------------------------------------------------------------------------
 # configuration
-
-
-_ALIASES = {
-    "temperature": "temperature",
-    "t": "temperature",
-    "temp": "temperature",
-    "top_k": "top_k",
-    "topk": "top_k",
-    "k": "top_k",
-    "top_p": "top_p",
-    "topp": "top_p",
-    "p": "top_p",
-    "min_p": "min_p",
-    "minp": "min_p",
-    "eta": "eta",
-    "eta_cutoff": "eta",
-    "eta_delta": "eta_delta",
-    "delta": "eta_delta",
-    "epsilon": "epsilon",
-    "eps": "epsilon",
-    "epsilon_cutoff": "epsilon",
-}
 
 
 def _fmt(value) -> str:
@@ -495,31 +360,14 @@ class SamplingConfig:
     epsilon: float = 0.0
 
     def __post_init__(self) -> None:
-        def put(name, value):
-            object.__setattr__(self, name, value)
-
-        t = _as_float("temperature", self.temperature, "a finite number >= 0 (0 = greedy, 1 = off)")
-        if t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy, 1 = off), got {self.temperature!r}")
-        put("temperature", t)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        put("top_k", int(self.top_k))
-        put("top_p", _check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True, hi_open=False))
-        put("min_p", _check_range("min_p", self.min_p, 0.0, 1.0, lo_open=False, hi_open=False))
-        put("eta", _check_range("eta", self.eta, 0.0, 1.0, lo_open=False, hi_open=True))
-        if self.eta_delta is not None:
-            d = _as_float("eta_delta", self.eta_delta, "a finite number > 0 or None (= sqrt(eta))")
-            if d <= 0:
-                raise ValueError(f"eta_delta must be a finite number > 0 or None (= sqrt(eta)), got {self.eta_delta!r}")
-            put("eta_delta", d)
-        put("epsilon", _check_range("epsilon", self.epsilon, 0.0, 1.0, lo_open=False, hi_open=True))
+        for param in CONFIG_PARAMS:
+            object.__setattr__(self, param.name, param.check("", getattr(self, param.name)))
 
     # ---- text form ---------------------------------------------------------------------------
 
     @classmethod
     def parse(cls, text: str) -> "SamplingConfig":
-        """Parse ``"temperature=0.7,top_p=0.8,min_p=0.1"``.
+        """Parse ``"temperature=0.7,top_p=0.8,min_p=0.1"`` (the grammar of :mod:`verispec.params`).
 
         Keys: ``temperature`` (aliases ``t``, ``temp``), ``top_k`` (``k``, ``topk``), ``top_p``
         (``p``, ``topp``), ``min_p`` (``minp``), ``eta`` (``eta_cutoff``), ``eta_delta`` (``delta``;
@@ -528,44 +376,9 @@ class SamplingConfig:
         """
         if not isinstance(text, str):
             raise TypeError(f"SamplingConfig.parse expects a string, got {type(text).__name__}")
-        valid = ", ".join(f.name for f in fields(cls))
-        values: dict = {}
-        for raw in text.split(","):
-            item = raw.strip()
-            if not item:
-                continue
-            if item.lower() == "greedy":
-                key, val = "temperature", "0"
-            else:
-                if item.count("=") != 1:
-                    raise ValueError(
-                        f"malformed sampling setting {item!r}: expected key=value (or 'greedy'); valid keys: {valid}"
-                    )
-                key, val = (s.strip() for s in item.split("="))
-                norm = key.lower().replace("-", "_")
-                if norm not in _ALIASES:
-                    raise ValueError(f"unknown sampling key {key!r}; valid keys: {valid} (aliases: t, temp for temperature)")
-                key = _ALIASES[norm]
-                if not val:
-                    raise ValueError(f"malformed sampling setting {item!r}: missing value for {key}")
-            if key in values:
-                raise ValueError(f"sampling key {key!r} given more than once in {text!r}")
-            values[key] = cls._parse_value(key, val)
+        values = parse_settings(text, CONFIG_PARAMS, owner="sampling", noun="key",
+                                words={"greedy": {"temperature": "0"}})
         return cls(**values)
-
-    @staticmethod
-    def _parse_value(key: str, val: str):
-        if key == "top_k":
-            try:
-                return int(val)
-            except ValueError:
-                raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {val!r}") from None
-        if key == "eta_delta" and val.lower() == "none":
-            return None
-        try:
-            return float(val)
-        except ValueError:
-            raise ValueError(f"{key} must be a number, got {val!r}") from None
 
     def spec(self) -> str:
         """Canonical text: non-default fields only, in field order; ``parse(c.spec()) == c``."""
@@ -624,16 +437,16 @@ class SamplingConfig:
         rows = x.reshape(-1, V)
         if rows.shape[0] == 0:
             return _Out(shape, rows, None)
-        blocks = _make_blocks(rows) if V >= max(_BLOCK_MIN_V, 2 * _BLOCK) else None
+        blocks = topk.make_blocks(rows) if V >= max(topk.BLOCK_MIN_V, 2 * topk.BLOCK) else None
         _check_row_max(rows, blocks.row_max if blocks is not None else rows.amax(-1))
         if self.is_greedy:
-            return _Out(shape, None, _first_argmax(rows, blocks))
+            return _Out(shape, None, topk.first_argmax(rows, blocks))
 
         t = self.temperature
         vals, idx, owned = None, None, False
         if 0 < self.top_k < V:
             if blocks is not None:
-                compact = _top_k_compact(rows, blocks, self.top_k, t)
+                compact = topk.top_k_compact(rows, blocks, self.top_k, t)
                 if compact is not None:
                     (vals, idx), owned = compact, True
             if vals is None:

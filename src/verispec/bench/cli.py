@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from pathlib import Path
 
+from verispec import flags
 from verispec.bench import runner
-from verispec.bench.datasets import CHECKERS
+from verispec.rules import split_specs
+from verispec.settings import DATA_FIELDS, MODEL_FIELDS
 
 
-def add_parsers(sub, add_model_args, add_decoding_args) -> None:
+def add_parsers(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="run rules beside their true baselines on benchmarks (resumable); no arguments: the main job",
@@ -20,9 +21,11 @@ def add_parsers(sub, add_model_args, add_decoding_args) -> None:
         f"rules {', '.join(runner.DEFAULT_RULES)}, {runner.DEFAULT_SAMPLING}, γ=5, "
         f"{runner.DEFAULT_MAX_NEW_TOKENS} new tokens, on the embedded pair.",
     )
-    add_dataset_args(p, "dataset name or path (repeatable or comma-separated)")
+    flags.track_explicit(p)  # a sweep file is overridden by exactly the flags given
+    flags.add_dataset_flags(p, "dataset name or path (repeatable or comma-separated)")
     p.add_argument("--few-shot", type=int, default=0)
-    p.add_argument("--rules", default=None, help="rule specs, comma-separated (e.g. lenience:ell=0.5,ceiling:kappa=2,base=we)")
+    p.add_argument("--rules", default=None,
+                   help="rule specs, comma-separated (e.g. lenience:ell=0.5,ceiling:kappa=2,base=we)")
     p.add_argument("--limit", type=int, default=None, help=f"problems per dataset (default {runner.DEFAULT_LIMIT})")
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--n-samples", type=int, default=1, help="samples per problem")
@@ -34,8 +37,8 @@ def add_parsers(sub, add_model_args, add_decoding_args) -> None:
     p.add_argument("--check-timeout", type=float, default=10.0, help="seconds per answer check / test execution")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
     p.add_argument("--no-progress", action="store_true")
-    add_model_args(p)
-    add_decoding_args(p)
+    flags.add_model_flags(p)
+    flags.add_decoding_flags(p)
     p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None)
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")
@@ -43,29 +46,36 @@ def add_parsers(sub, add_model_args, add_decoding_args) -> None:
     p.add_argument("--out", default=None, help="where to write the report (default: the bench directory)")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("regrade", help="re-check every stored sample of a bench directory with today's checkers",
+                       description="Grades each stored output again (nothing is generated) and lists, per run, the "
+                       "verdicts that changed. Without --write the store is only read (an older schema is still "
+                       "migrated, with a backup).")
+    p.add_argument("dir", help="bench output directory (or a results.sqlite file)")
+    p.add_argument("--write", action="store_true",
+                   help="store the new verdicts (the replaced one is kept in the sample's meta) and rewrite the report")
+    p.add_argument("--data-dir", default=None, help="folder with the offline datasets (default: as the bench used)")
+    p.set_defaults(func=cmd_regrade)
 
-def add_dataset_args(p, dataset_help: str) -> None:
-    """The dataset-source flags shared by `bench` and `diagnose`."""
-    p.add_argument("--dataset", action="append", default=None, help=dataset_help)
-    p.add_argument("--data-dir", default=None, help="folder with the offline datasets (default: $VERISPEC_DATA or ../shared/data)")
-    p.add_argument("--question-field", default=None)
-    p.add_argument("--answer-field", default=None)
-    p.add_argument("--id-field", default=None)
-    p.add_argument("--checker", default=None, choices=list(CHECKERS))
-    p.add_argument("--on-bad-row", default="skip", choices=["skip", "error"])
 
-
-def dataset_list(values: list[str]) -> list[str]:
-    """``--dataset`` values, each possibly comma-separated, as one list."""
-    return [d.strip() for item in values for d in item.split(",") if d.strip()]
+#: Config fields set from the flag of the same name (``check_timeout_s`` from ``--check-timeout``).
+_SIMPLE_FIELDS = tuple(f for f in DATA_FIELDS + MODEL_FIELDS if f not in ("datasets", "limit")) + (
+    "n_samples", "out", "few_shot", "seed", "check_timeout_s")
+_FLAG_DEST = {"check_timeout_s": "check_timeout"}
 
 
 def config_from_args(args) -> runner.BenchConfig:
+    """The bench config of parsed flags: a sweep file (``--sweep``) or the defaults, then every flag
+    given on the command line (without a sweep, every flag: its default is the config's)."""
     cfg = runner.load_sweep(args.sweep) if args.sweep else runner.BenchConfig()
+    given = flags.explicit(args)
+
+    def applies(dest: str) -> bool:
+        return not args.sweep or dest in given
+
     if args.dataset:
-        cfg.datasets = dataset_list(args.dataset)
+        cfg.datasets = flags.dataset_list(args.dataset)
     if args.rules is not None:
-        cfg.rules = runner.split_rule_list(args.rules)
+        cfg.rules = split_specs(args.rules)
     if args.sampling is not None:
         cfg.samplings = [s.strip() for s in args.sampling.split(";")]
     if args.gamma is not None:
@@ -74,18 +84,10 @@ def config_from_args(args) -> runner.BenchConfig:
         cfg.max_new_tokens = args.max_new_tokens
     if args.limit is not None:
         cfg.limit = args.limit
-    simple = {
-        "offset": args.offset, "n_samples": args.n_samples, "out": args.out, "data_dir": args.data_dir,
-        "question_field": args.question_field, "answer_field": args.answer_field, "id_field": args.id_field,
-        "checker": args.checker, "on_bad_row": args.on_bad_row, "few_shot": args.few_shot, "seed": args.seed,
-        "draft": args.draft, "target": args.target, "check_timeout_s": args.check_timeout,
-        "n_threads": args.n_threads, "n_ctx": args.n_ctx, "device": args.device, "dtype": args.dtype,
-    }
-    defaults = {f.name: f.default for f in fields(runner.BenchConfig)}
-    for name, value in simple.items():
-        # A flag left at its default does not override a sweep file's setting.
-        if not (args.sweep and value == _FLAG_DEFAULTS.get(name, defaults.get(name))):
-            setattr(cfg, name, value)
+    for name in _SIMPLE_FIELDS:
+        dest = _FLAG_DEST.get(name, name)
+        if applies(dest):
+            setattr(cfg, name, getattr(args, dest))
     cfg.baselines = cfg.baselines and not args.no_baselines
     cfg.lossless_ref = cfg.lossless_ref and not args.no_lossless_ref
     cfg.target_only = cfg.target_only and not args.no_target_only
@@ -93,7 +95,16 @@ def config_from_args(args) -> runner.BenchConfig:
     return cfg
 
 
-_FLAG_DEFAULTS = {"out": runner.DEFAULT_OUT, "check_timeout_s": 10.0, "seed": 0, "n_samples": 1, "offset": 0}
+def accuracy_gaps(bench_dir: str) -> dict[str, float]:
+    """Mean accuracy gap (method − true baseline) per rule spec over the datasets of a bench directory
+    (what ``verispec diagnose --bench`` correlates with distortion)."""
+    from verispec.bench.rows import collect_rows
+
+    by_rule: dict[str, list[float]] = {}
+    for row in collect_rows(bench_dir):
+        if row.role == "method" and row.vs_baseline is not None:
+            by_rule.setdefault(row.rule, []).append(row.vs_baseline.diff)
+    return {rule: sum(v) / len(v) for rule, v in by_rule.items()}
 
 
 def cmd_bench(args) -> int:
@@ -119,4 +130,20 @@ def cmd_report(args) -> int:
     report = build_report(src, out)
     print(Path(report.markdown_path).read_text())
     print(f"report: {report.markdown_path}; plots: {', '.join(str(p) for p in report.plot_paths)}", file=sys.stderr)
+    return 0
+
+
+def cmd_regrade(args) -> int:
+    from verispec.bench.regrade import regrade
+    from verispec.bench.report import build_report
+
+    src = Path(args.dir)
+    if not src.exists():
+        raise FileNotFoundError(f"no bench results at {src}")
+    summary = regrade(src, write=args.write, data_dir=args.data_dir)
+    print(summary.format())
+    if args.write:
+        out = src if src.is_dir() else src.parent
+        report = build_report(src, out)
+        print(f"report: {report.markdown_path}", file=sys.stderr)
     return 0

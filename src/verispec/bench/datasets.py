@@ -34,14 +34,15 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from . import prompts
 from .checkers import CHECKERS
 
-__all__ = ["Problem", "LoadedDataset", "load_dataset", "dataset_names", "default_data_dir"]
+__all__ = ["Problem", "LoadedDataset", "load_dataset", "load_problems", "dataset_names", "default_data_dir"]
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,7 @@ def _iter_records(path: Path) -> Iterator[tuple[int, Any]]:
             except json.JSONDecodeError as e:
                 yield e.lineno, _BadRow(f"invalid JSON array: {e.msg} (line {e.lineno}, column {e.colno})")
                 return
-            for i, rec in enumerate(data, 1):
-                yield i, rec
+            yield from enumerate(data, 1)
             return
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -227,7 +227,8 @@ def _build_aime(row: dict, ctx: _Ctx) -> Problem:
     else:
         m2 = re.match(r"(\d{4})-(I+)-(\d+)$", pid)
         if m2:
-            meta.update(year=int(m2.group(1)), contest=f"AIME {m2.group(1)} {m2.group(2)}", problem_number=int(m2.group(3)))
+            meta.update(year=int(m2.group(1)), contest=f"AIME {m2.group(1)} {m2.group(2)}",
+                        problem_number=int(m2.group(3)))
     if isinstance(row.get("solution"), str):
         meta["solution"] = row["solution"]
     return Problem(ctx.dataset, pid, prompts.math_prompt(problem), gold, "math", meta)
@@ -477,7 +478,8 @@ def _few_shot_examples(k: int, data_dir: Path | None) -> tuple[tuple[str, str], 
         if train.is_file():
             out = []
             for _, rec in _iter_records(train):
-                if isinstance(rec, dict) and isinstance(rec.get("question"), str) and isinstance(rec.get("answer"), str):
+                if (isinstance(rec, dict) and isinstance(rec.get("question"), str)
+                        and isinstance(rec.get("answer"), str)):
                     out.append((rec["question"], prompts.gsm8k_rationale_from_train(rec["answer"])))
                 if len(out) == k:
                     break
@@ -500,9 +502,11 @@ def _load_possible_answers(test_file: Path, skipped: list, on_bad_row: str) -> d
         reason = None
         if isinstance(rec, _BadRow):
             reason = str(rec)
-        elif not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("ground_truth"), list):
+        elif (not isinstance(rec, dict) or not isinstance(rec.get("id"), str)
+              or not isinstance(rec.get("ground_truth"), list)):
             reason = "possible answer row needs 'id' (str) and 'ground_truth' (list)"
-        elif not all(isinstance(g, dict) and len(g) == 1 and all(isinstance(v, dict) for v in g.values()) for g in rec["ground_truth"]):
+        elif not all(isinstance(g, dict) and len(g) == 1 and all(isinstance(v, dict) for v in g.values())
+                     for g in rec["ground_truth"]):
             reason = "ground_truth entries must be {func_name: {param: [allowed values]}}"
         if reason:
             if on_bad_row == "error":
@@ -682,7 +686,8 @@ def load_dataset(
         builder = None
         if not mapping and name in _REGISTRY and name != "aime":
             builder = _REGISTRY[name].builder
-        if few_shot and (builder not in (None, _build_gsm8k) or (mapping and mapping.get("checker") not in (None, "gsm8k"))):
+        if few_shot and (builder not in (None, _build_gsm8k)
+                         or (mapping and mapping.get("checker") not in (None, "gsm8k"))):
             raise ValueError("few_shot is only supported for GSM8K-style (gsm8k checker) data")
         return _load_files(
             name, [path], builder, mapping=mapping, on_bad_row=on_bad_row, limit=limit, offset=offset,
@@ -745,6 +750,25 @@ def load_dataset(
         "data_dir=, or set $VERISPEC_DATA) pointing at a folder with the shared/data layout, or pass the path "
         "of the data file itself."
     )
+
+
+def load_problems(data: Any, log: Callable[[str], None], *, few_shot: int = 0) -> dict[str, list[Problem]]:
+    """``{dataset: problems}`` for every dataset of ``data`` (a :class:`~verispec.settings.DataSettings`
+    or a config inheriting it), malformed rows logged through ``log``; a dataset with no usable
+    problem is an error."""
+    problems: dict[str, list[Problem]] = {}
+    for name in data.datasets:
+        ds = load_dataset(
+            name, data_dir=data.data_dir, question_field=data.question_field, answer_field=data.answer_field,
+            id_field=data.id_field, checker=data.checker, on_bad_row=data.on_bad_row, limit=data.limit,
+            offset=data.offset, few_shot=few_shot,
+        )
+        for line, reason in ds.skipped:
+            log(f"{name}: skipped malformed row {line}: {reason}")
+        if not ds.problems:
+            raise ValueError(f"dataset {name!r} has no usable problems")
+        problems[name] = ds.problems
+    return problems
 
 
 def _rows_to_dataset(name, rows, builder, mapping, on_bad_row, limit, offset, shots) -> LoadedDataset:

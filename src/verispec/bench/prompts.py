@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 __all__ = [
     "MATH_TEMPLATE",
@@ -203,6 +203,6 @@ def bfcl_prompt(question, functions: Iterable[dict]) -> str:
 
 def choice_prompt(question: str, options: Sequence[str]) -> str:
     letters = [chr(ord("A") + i) for i in range(len(options))]
-    rendered = "\n".join(f"{l}. {str(o).strip()}" for l, o in zip(letters, options))
+    rendered = "\n".join(f"{letter}. {str(o).strip()}" for letter, o in zip(letters, options))
     shown = ", ".join(letters[:-1]) + (f" or {letters[-1]}" if len(letters) > 1 else letters[-1])
     return CHOICE_TEMPLATE.format(question=question.strip(), options=rendered, letters=shown)

@@ -30,9 +30,12 @@ from pathlib import Path
 
 from verispec import rules as rule_registry
 from verispec.bench.checkers import check
-from verispec.bench.datasets import Problem, load_dataset
+from verispec.bench.datasets import Problem, load_problems
+from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.models import load_pair
 from verispec.sampling import SamplingConfig
+from verispec.settings import DataSettings, ModelSettings
 
 TARGET_ONLY = "target_only"
 STORE_NAME = "results.sqlite"
@@ -42,48 +45,41 @@ DEFAULT_DATASET = "humaneval"
 DEFAULT_LIMIT = 3
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_RULES = (
-    "lossless",
-    "typical:eps=0.15",
+    "lossless",  # the speed reference; its runs also record (p, q) for the per-token distortion
+    # Truncation rules beside their true baselines (target with min-p 0.3 / η) and, in the report,
+    # beside plain target sampling, the wrong baseline.
     "speccascade:p_base=0.3",
+    "typical:eps=0.15",
+    # Lenience ℓ = 0.5 is the same rule as the ceiling κ = 2 on p: one of them.
     "lenience:ell=0.5",
+    # CoS-WE and the ceiling that caps its overshoot, on the same collaborative target.
     "cos_we:lam=0.5",
-    "ceiling:kappa=2",
+    "ceiling:kappa=2,base=we,lam=0.5",
 )
 DEFAULT_SAMPLING = "temperature=0.7,top_k=20,top_p=0.8"
 DEFAULT_OUT = "verispec-out/bench"
 
 
 @dataclass
-class BenchConfig:
-    """Everything that defines a bench invocation (CLI flags or a sweep file)."""
+class BenchConfig(DataSettings, ModelSettings):
+    """Everything that defines a bench invocation (CLI flags or a sweep file): the problems
+    (:class:`~verispec.settings.DataSettings`), the model pair (:class:`~verispec.settings.ModelSettings`)
+    and the grid below."""
 
     datasets: list[str] = field(default_factory=lambda: [DEFAULT_DATASET])
+    limit: int | None = DEFAULT_LIMIT
     rules: list[str] = field(default_factory=lambda: list(DEFAULT_RULES))
     samplings: list[str] = field(default_factory=lambda: [DEFAULT_SAMPLING])
     gammas: list[int] = field(default_factory=lambda: [5])
-    limit: int | None = DEFAULT_LIMIT
-    offset: int = 0
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0
     n_samples: int = 1
-    draft: str | None = None
-    target: str | None = None
     out: str = DEFAULT_OUT
-    data_dir: str | None = None
-    question_field: str | None = None
-    answer_field: str | None = None
-    id_field: str | None = None
-    checker: str | None = None
-    on_bad_row: str = "skip"
     few_shot: int = 0
     baselines: bool = True
     lossless_ref: bool = True
     target_only: bool = True
     check_timeout_s: float = 10.0
-    n_threads: int | None = None
-    n_ctx: int = 4096
-    device: str = "cpu"
-    dtype: str | None = None
 
     def validate(self) -> None:
         if not self.datasets:
@@ -143,19 +139,8 @@ def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig
     return out
 
 
-def split_rule_list(text: str) -> list[str]:
-    """Split ``"lenience:ell=0.5,ceiling:kappa=2,base=we,lossless"`` into rule specs: a comma starts a
-    new spec only where the next item begins with a known rule name."""
-    specs: list[str] = []
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        name = item.split(":", 1)[0].strip().lower().replace("-", "_")
-        if name in rule_registry.REGISTRY or not specs:
-            specs.append(item)
-        else:
-            specs[-1] += "," + item
-    return specs
+#: Spec-list splitting lives with the rules (kept here under its old name).
+split_rule_list = rule_registry.split_specs
 
 
 @dataclass(frozen=True)
@@ -181,7 +166,8 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
     for dataset, sampling_spec, gamma in itertools.product(cfg.datasets, cfg.samplings, cfg.gammas):
         sampling = SamplingConfig.parse(sampling_spec)
         plain = add(dataset, None, sampling, gamma, "target_only") if (cfg.target_only or cfg.baselines) else None
-        lossless = add(dataset, "lossless", sampling, gamma, "lossless_ref", {"baseline": plain}) if cfg.lossless_ref else None
+        lossless = (add(dataset, "lossless", sampling, gamma, "lossless_ref", {"baseline": plain})
+                    if cfg.lossless_ref else None)
         for spec in cfg.rules:
             rule = rule_registry.get(spec)
             if rule.spec() == "lossless" and lossless is not None:
@@ -220,7 +206,7 @@ class Bench:
         self.problems: dict[str, list[Problem]] = {}
 
     def load_problems(self) -> None:
-        self.problems = load_problems(self.cfg, self.log)
+        self.problems = load_problems(self.cfg, self.log, few_shot=self.cfg.few_shot)
 
     def run(self) -> Path:
         from verispec.engine import generate, generate_target_only, measure_costs
@@ -245,10 +231,12 @@ class Bench:
                 if run.key.dataset == dataset
             ]
             todo = [(problem, k, run) for problem, k, run in work if (problem.id, k) not in done[run.key.run_id]]
-            self.log(f"bench: {len(plan)} runs, {len(work)} samples, {len(work) - len(todo)} already done, {len(todo)} to go -> {self.out}")
+            self.log(f"bench: {len(plan)} runs, {len(work)} samples, {len(work) - len(todo)} already done, "
+                     f"{len(todo)} to go -> {self.out}")
             if not todo:
                 return self.out
-            target, draft, width = (self._load_models or load_models_for)(self.cfg, need_draft=any(r.rule for _, _, r in todo))
+            need_draft = any(r.rule for _, _, r in todo)
+            target, draft, width = (self._load_models or load_pair)(self.cfg, need_draft=need_draft)
             costs = {}
             prompts: dict[tuple[str, str], list[int]] = {}
             bar = _progress(len(todo), self.progress)
@@ -259,28 +247,31 @@ class Bench:
                 seed = sample_seed(self.cfg.seed, problem.dataset, problem.id, k)
                 t0 = time.perf_counter()
                 if run.rule is None:
-                    res = generate_target_only(target, ids, sampling=run.sampling, max_new_tokens=self.cfg.max_new_tokens,
-                                               stop=problem.stop, seed=seed, vocab_width=width)
+                    res = generate_target_only(target, ids, sampling=run.sampling,
+                                               max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
+                                               vocab_width=width)
                 else:
                     gamma = run.key.gamma
                     if gamma not in costs:
                         costs[gamma] = measure_costs(target, draft, ids, gamma)
+                    # lossless runs record every drafted (p, q): the report's exact per-token distortion
+                    recording = SampleRecording(problem.dataset, problem.id) if run.rule == RECORDED_RULE else None
                     res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
                                    max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
-                                   vocab_width=width, costs=costs[gamma])
+                                   vocab_width=width, costs=costs[gamma], observer=recording)
+                    if recording is not None:  # on disk before the row: a stored row implies its positions
+                        recording.save(positions_path(self.out, run.key.run_id, problem.id, k),
+                                       decode=target.token_piece)
                 gen_s = time.perf_counter() - t0
-                verdict = check(problem, res.text, timeout_s=self.cfg.check_timeout_s)
                 st = res.stats
-                store.add(SampleRecord(
-                    run_id=run.key.run_id, problem_id=problem.id, sample_idx=k, output=res.text,
-                    extracted=verdict.extracted, correct=bool(verdict.correct), new_tokens=st.new_tokens,
-                    target_calls=st.target_calls, draft_calls=st.draft_calls, accepted_hist=list(st.accepted_hist),
-                    wall_s=st.wall_s, draft_s=st.draft_s, verify_s=st.verify_s, other_s=st.other_s,
+                verdict = check(problem, res.text, timeout_s=self.cfg.check_timeout_s,
+                                truncated=st.stop_reason == "length")
+                store.add(SampleRecord.from_stats(
+                    run.key.run_id, problem.id, k, output=res.text, extracted=verdict.extracted,
+                    correct=bool(verdict.correct), stats=st.to_dict(),
                     meta={
-                        "stop_reason": st.stop_reason, "difficulty": problem.meta.get("difficulty"),
-                        "cost_model_speedup": st.cost_model_speedup, "rule_s": st.rule_s, "prefill_s": st.prefill_s,
-                        "generate_s": gen_s, "seed": seed, "check_detail": verdict.detail[:500],
-                        "per_position_acceptance": st.per_position_acceptance,
+                        "difficulty": problem.meta.get("difficulty"), "generate_s": gen_s, "seed": seed,
+                        "check_detail": verdict.detail[:500], "correct_flexible": verdict.correct_flexible,
                     },
                 ))
                 bar.set_postfix_str(f"{problem.dataset}/{problem.id} {run.key.rule[:24]}", refresh=False)
@@ -297,36 +288,6 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, unit="sample", dynamic_ncols=True, file=sys.stderr)
 
 
-def load_problems(cfg, log: Callable[[str], None]) -> dict[str, list[Problem]]:
-    """Problems of every dataset of ``cfg`` (a bench or diagnose config); malformed rows are logged."""
-    problems: dict[str, list[Problem]] = {}
-    for name in cfg.datasets:
-        ds = load_dataset(
-            name, data_dir=cfg.data_dir, question_field=cfg.question_field, answer_field=cfg.answer_field,
-            id_field=cfg.id_field, checker=cfg.checker, on_bad_row=cfg.on_bad_row, limit=cfg.limit,
-            offset=cfg.offset, few_shot=getattr(cfg, "few_shot", 0),
-        )
-        for line, reason in ds.skipped:
-            log(f"{name}: skipped malformed row {line}: {reason}")
-        if not ds.problems:
-            raise ValueError(f"dataset {name!r} has no usable problems")
-        problems[name] = ds.problems
-    return problems
-
-
-def load_models_for(cfg, need_draft: bool):
-    """``(target, draft or None, shared vocabulary width or None)`` from any settings object with
-    ``target``, ``draft``, ``n_threads``, ``n_ctx``, ``device`` and ``dtype`` (a config or CLI args)."""
-    from verispec.models import check_compatible, load_backend
-
-    kw = dict(n_threads=cfg.n_threads, n_ctx=cfg.n_ctx, device=cfg.device, dtype=cfg.dtype)
-    target = load_backend(cfg.target, role="target", **kw)
-    if not need_draft:
-        return target, None, None
-    draft = load_backend(cfg.draft, role="draft", **kw)
-    return target, draft, check_compatible(target, draft)
-
-
 def run_bench(cfg: BenchConfig, *, progress: bool = True, report: bool = True, log=None, load_models=None):
     """Execute the bench of ``cfg`` (resuming what its store already holds) and build its report."""
     out = Bench(cfg, progress=progress, log=log, load_models=load_models).run()
@@ -341,5 +302,6 @@ def describe_plan(runs: Iterable[PlannedRun]) -> str:
     lines = []
     for r in runs:
         pair = ", ".join(f"{k}={v}" for k, v in r.pair.items() if v)
-        lines.append(f"  {r.key.run_id}  {r.key.role:12} {r.key.dataset:10} {r.key.rule:34} {r.key.sampling:40} γ={r.key.gamma} {pair}")
+        k = r.key
+        lines.append(f"  {k.run_id}  {k.role:12} {k.dataset:10} {k.rule:34} {k.sampling:40} γ={k.gamma} {pair}")
     return "\n".join(lines)

@@ -22,41 +22,45 @@ Choices (documented here once, referenced below)
   ``n10`` successes in ``n01 + n10`` discordant pairs with p = 1/2 (doubled smaller tail,
   capped at 1; identical to ``scipy.stats.binomtest(...).pvalue`` for p = 1/2).
   ``p = 1`` when there are no discordant pairs.
-* Continuous paired metrics: paired t-test / t-interval on the differences.
-* Rank correlation: Spearman's rho = Pearson correlation of average ranks (ties get the
-  average rank); p-value from the t-distribution with n-2 df (what scipy uses).
+* Several samples per problem (clustered outcomes): samples of one problem are correlated, so
+  the intervals above are too narrow.  The **clustered** versions keep the same estimator and
+  interval shape but use the *effective sample size* ``n / deff`` (Kish; Korn & Graubard 1998,
+  Survey Methodology 24:193, for Wilson-type intervals on survey data), where the design effect
+  ``deff = V_cluster / V_iid`` compares the cluster-robust (sandwich) variance of the mean,
+  ``Σ_g (Σ_{j∈g} e_j)² / n²``, with the independent-samples one, ``Σ_j e_j² / n²``
+  (``e_j`` = outcome − mean; for a paired difference, ``d_j`` − mean difference).  Consequences,
+  checked in the tests: with one sample per problem ``deff = 1`` and the interval *is* the
+  unclustered one; when the samples of a problem are identical ``deff`` = samples per problem
+  and the interval is the one computed from the problems alone.  ``deff`` is floored at 1 (few
+  problems make a smaller estimate noise, not information), and when ``V_iid = 0`` (all
+  outcomes equal; no discordant pairs) or there is a single problem it takes its worst case
+  ``n / n_problems``.
+  Paired significance with clusters: the **clustered McNemar test** of Durkalski et al. (2003,
+  Stat. Med. 22:2417), ``X² = (Σ_g (n10_g − n01_g))² / Σ_g (n10_g − n01_g)²`` on 1 df, which is
+  the asymptotic McNemar statistic with one pair per problem.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats as _st
 
 __all__ = [
-    "Interval",
     "PairedResult",
-    "PairedTResult",
-    "SpearmanResult",
+    "ClusteredProportion",
     "z_value",
     "wilson_interval",
-    "mean_ci",
-    "bootstrap_ci",
     "mcnemar_exact",
     "newcombe_paired_interval",
     "paired_difference",
-    "paired_t",
-    "spearman",
+    "clustered_proportion",
+    "clustered_paired_difference",
+    "clustered_mcnemar",
+    "ClusteredPairedResult",
+    "design_effect",
 ]
-
-
-class Interval(NamedTuple):
-    """A point estimate with a two-sided confidence interval."""
-
-    estimate: float
-    lo: float
-    hi: float
 
 
 class PairedResult(NamedTuple):
@@ -74,24 +78,6 @@ class PairedResult(NamedTuple):
     n01: int
     n10: int
     test: str
-
-
-class PairedTResult(NamedTuple):
-    """Paired t-test of ``x - y``: mean difference, its t-interval, t statistic, two-sided p."""
-
-    mean_diff: float
-    ci_lo: float
-    ci_hi: float
-    t: float
-    p_value: float
-    n: int
-    df: int
-
-
-class SpearmanResult(NamedTuple):
-    rho: float
-    p_value: float
-    n: int
 
 
 def _check_conf(conf: float) -> None:
@@ -117,7 +103,11 @@ def wilson_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     if n == 0:
         return (float("nan"), float("nan"))
-    z = z_value(conf)
+    return _wilson(k, n, z_value(conf))
+
+
+def _wilson(k: float, n: float, z: float) -> tuple[float, float]:
+    """Wilson limits for ``k`` of ``n``; real-valued so that effective sample sizes can be used."""
     p = k / n
     z2 = z * z
     denom = 1.0 + z2 / n
@@ -126,62 +116,6 @@ def wilson_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     lo = 0.0 if k == 0 else max(0.0, centre - half)
     hi = 1.0 if k == n else min(1.0, centre + half)
     return (float(lo), float(hi))
-
-
-def mean_ci(values: Sequence[float], conf: float = 0.95) -> Interval:
-    """Student-t interval for the mean: mean +/- t_{n-1} * s / sqrt(n) (s with ddof=1).
-
-    Returns ``Interval(mean, lo, hi)``.  n == 0 -> all nan; n == 1 -> (x, nan, nan);
-    zero spread -> (mean, mean, mean).
-    """
-    _check_conf(conf)
-    x = np.asarray(values, dtype=float).ravel()
-    n = x.size
-    if n == 0:
-        return Interval(float("nan"), float("nan"), float("nan"))
-    m = float(x.mean())
-    if n == 1:
-        return Interval(m, float("nan"), float("nan"))
-    se = float(x.std(ddof=1)) / np.sqrt(n)
-    t = float(_st.t.ppf(0.5 + conf / 2.0, n - 1))
-    return Interval(m, float(m - t * se), float(m + t * se))
-
-
-def bootstrap_ci(
-    values: Sequence[float],
-    stat: Callable = np.mean,
-    conf: float = 0.95,
-    n_boot: int = 2000,
-    seed: int | None = 0,
-) -> Interval:
-    """Percentile bootstrap interval for ``stat(values)``.
-
-    Resamples ``values`` with replacement ``n_boot`` times (numpy ``default_rng(seed)``, so the
-    result is reproducible for a fixed seed), and returns ``Interval(stat(values), q_lo, q_hi)``
-    with ``q_lo, q_hi`` the (1-conf)/2 and (1+conf)/2 quantiles of the bootstrap distribution.
-    ``stat`` is called as ``stat(sample_matrix, axis=1)`` when it accepts ``axis`` (vectorised),
-    otherwise once per resample.
-    """
-    _check_conf(conf)
-    if n_boot < 1:
-        raise ValueError("n_boot must be >= 1")
-    x = np.asarray(values, dtype=float).ravel()
-    n = x.size
-    if n == 0:
-        return Interval(float("nan"), float("nan"), float("nan"))
-    est = float(stat(x))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    samples = x[idx]
-    try:
-        boot = np.asarray(stat(samples, axis=1), dtype=float)
-        if boot.shape != (n_boot,):
-            raise TypeError
-    except TypeError:
-        boot = np.array([float(stat(row)) for row in samples])
-    alpha = 1.0 - conf
-    lo, hi = np.quantile(boot, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return Interval(est, float(lo), float(hi))
 
 
 def mcnemar_exact(n01: int, n10: int) -> float:
@@ -216,14 +150,19 @@ def newcombe_paired_interval(
     a, b, c, d = (int(v) for v in (a, b, c, d))
     if min(a, b, c, d) < 0:
         raise ValueError("cell counts must be >= 0")
-    n = a + b + c + d
-    if n == 0:
+    if a + b + c + d == 0:
         return (float("nan"), float("nan"))
+    return _newcombe(a, b, c, d, z_value(conf))
+
+
+def _newcombe(a: float, b: float, c: float, d: float, z: float) -> tuple[float, float]:
+    """Method-10 limits on a (possibly rescaled, real-valued) paired table; see the caller."""
+    n = a + b + c + d
     p1 = (a + b) / n
     p2 = (a + c) / n
     diff = p1 - p2
-    l1, u1 = wilson_interval(a + b, n, conf)
-    l2, u2 = wilson_interval(a + c, n, conf)
+    l1, u1 = _wilson(a + b, n, z)
+    l2, u2 = _wilson(a + c, n, z)
     margins = (a + b) * (c + d) * (a + c) * (b + d)
     if margins == 0:
         phi = 0.0
@@ -283,67 +222,121 @@ def paired_difference(a, b, conf: float = 0.95, method: str = "newcombe") -> Pai
     return PairedResult(float(diff), lo, hi, p, n, n01, n10, test)
 
 
-def paired_t(x, y, conf: float = 0.95) -> PairedTResult:
-    """Paired t-test on ``d = x - y`` (two-sided) with a t-interval for the mean difference.
+# ------------------------------------------------------------------------------------------
+# Clustered outcomes: several samples per problem (see "Choices" in the module docstring)
 
-    Agrees with ``scipy.stats.ttest_rel(x, y)``.  Degenerate cases: n < 2 -> t, p, CI nan;
-    all differences identical -> CI collapses to the mean, t = 0 / p = 1 if that mean is 0,
-    else t = +/-inf, p = 0.
-    """
-    _check_conf(conf)
-    xa = np.asarray(x, dtype=float).ravel()
-    ya = np.asarray(y, dtype=float).ravel()
-    if xa.shape != ya.shape:
-        raise ValueError(f"x and y must have the same length ({xa.size} vs {ya.size})")
-    d = xa - ya
-    n = int(d.size)
-    nan = float("nan")
+
+class ClusteredProportion(NamedTuple):
+    """Accuracy over clustered samples: estimate, interval, and how much clustering cost.
+
+    ``n_effective = n / design_effect``; the interval is Wilson's at that sample size."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    n_clusters: int
+    design_effect: float
+    n_effective: float
+
+
+class ClusteredPairedResult(NamedTuple):
+    """Paired difference over clustered pairs: Newcombe's interval at the effective sample size and
+    the clustered McNemar p (``test = "mcnemar_clustered"``)."""
+
+    diff: float
+    ci_lo: float
+    ci_hi: float
+    p_value: float
+    n: int
+    n_clusters: int
+    n01: int
+    n10: int
+    design_effect: float
+    test: str
+
+
+def _cluster_codes(clusters, n: int) -> tuple[np.ndarray, int]:
+    labels = list(clusters)
+    if len(labels) != n:
+        raise ValueError(f"clusters must give one label per outcome ({len(labels)} labels for {n} outcomes)")
+    codes: dict = {}
+    idx = np.array([codes.setdefault(c, len(codes)) for c in labels], dtype=np.int64)
+    return idx, len(codes)
+
+
+def design_effect(values, clusters) -> float:
+    """``V_cluster / V_iid`` of the mean of ``values`` grouped by ``clusters`` (see the module docstring).
+
+    Floored at 1; ``n / n_clusters`` (its worst case) when every value is the same or there is a
+    single cluster."""
+    x = np.asarray(values, dtype=float).ravel()
+    n = x.size
+    idx, g = _cluster_codes(clusters, n)
     if n == 0:
-        return PairedTResult(nan, nan, nan, nan, nan, 0, 0)
-    m = float(d.mean())
-    if n == 1:
-        return PairedTResult(m, nan, nan, nan, nan, 1, 0)
-    df = n - 1
-    sd = float(d.std(ddof=1))
-    if sd == 0.0:
-        if m == 0.0:
-            return PairedTResult(m, m, m, 0.0, 1.0, n, df)
-        return PairedTResult(m, m, m, float(np.copysign(np.inf, m)), 0.0, n, df)
-    se = sd / np.sqrt(n)
-    t = m / se
-    p = float(2.0 * _st.t.sf(abs(t), df))
-    q = float(_st.t.ppf(0.5 + conf / 2.0, df))
-    return PairedTResult(m, float(m - q * se), float(m + q * se), float(t), p, n, df)
+        return float("nan")
+    e = x - x.mean()
+    v_iid = float(np.sum(e * e))
+    if v_iid <= 1e-12 * n or g == 1:  # one problem: its residuals sum to 0, the sandwich says nothing
+        return n / g
+    v_cluster = float(np.sum(np.bincount(idx, weights=e, minlength=g) ** 2))
+    return max(1.0, v_cluster / v_iid)
 
 
-def spearman(x, y) -> SpearmanResult:
-    """Spearman rank correlation (ties -> average ranks) with a two-sided p-value.
+def clustered_proportion(outcomes, clusters, conf: float = 0.95) -> ClusteredProportion:
+    """Accuracy of binary ``outcomes`` whose samples are grouped by ``clusters`` (one label each,
+    e.g. the problem id): Wilson's interval at the effective sample size ``n / deff``."""
+    _check_conf(conf)
+    x = _binary(outcomes, "outcomes")
+    n = int(x.size)
+    _, g = _cluster_codes(clusters, n)
+    if n == 0:
+        nan = float("nan")
+        return ClusteredProportion(nan, nan, nan, 0, 0, nan, 0.0)
+    deff = design_effect(x, clusters)
+    n_eff = n / deff
+    k = int(x.sum())
+    lo, hi = _wilson(k / deff, n_eff, z_value(conf))
+    return ClusteredProportion(k / n, lo, hi, n, g, float(deff), float(n_eff))
 
-    rho = Pearson correlation of ``scipy.stats.rankdata(..., method="average")`` ranks;
-    p from t = rho sqrt((n-2)/(1-rho^2)) on n-2 df (as ``scipy.stats.spearmanr``).
-    Constant input or n < 3 -> rho and/or p nan; |rho| = 1 -> p = 0.
-    """
-    xa = np.asarray(x, dtype=float).ravel()
-    ya = np.asarray(y, dtype=float).ravel()
-    if xa.shape != ya.shape:
-        raise ValueError(f"x and y must have the same length ({xa.size} vs {ya.size})")
-    n = int(xa.size)
-    nan = float("nan")
-    if n < 2:
-        return SpearmanResult(nan, nan, n)
-    rx = _st.rankdata(xa, method="average")
-    ry = _st.rankdata(ya, method="average")
-    rx = rx - rx.mean()
-    ry = ry - ry.mean()
-    den = np.sqrt(np.sum(rx * rx) * np.sum(ry * ry))
+
+def clustered_mcnemar(a, b, clusters) -> float:
+    """Clustered McNemar p-value (Durkalski et al. 2003) for paired binary ``a`` vs ``b``.
+
+    ``X² = (Σ_g (n10_g − n01_g))² / Σ_g (n10_g − n01_g)²``, χ² with 1 df; p = 1 without
+    discordance.  With one pair per cluster this is the asymptotic McNemar test."""
+    x, y = _binary(a, "a"), _binary(b, "b")
+    if x.shape != y.shape:
+        raise ValueError(f"a and b must have the same length ({x.size} vs {y.size})")
+    idx, g = _cluster_codes(clusters, int(x.size))
+    per_cluster = np.bincount(idx, weights=(x - y).astype(float), minlength=g)
+    den = float(np.sum(per_cluster**2))
     if den == 0.0:
-        return SpearmanResult(nan, nan, n)
-    rho = float(np.clip(np.sum(rx * ry) / den, -1.0, 1.0))
-    if n < 3:
-        return SpearmanResult(rho, nan, n)
-    df = n - 2
-    if abs(rho) >= 1.0:
-        return SpearmanResult(rho, 0.0, n)
-    t = rho * np.sqrt(df / (1.0 - rho * rho))
-    p = float(2.0 * _st.t.sf(abs(t), df))
-    return SpearmanResult(rho, p, n)
+        return 1.0
+    stat = float(per_cluster.sum()) ** 2 / den
+    return float(_st.chi2.sf(stat, 1))
+
+
+def clustered_paired_difference(a, b, clusters, conf: float = 0.95) -> ClusteredPairedResult:
+    """Paired comparison of binary ``a`` vs ``b`` whose pairs are grouped by ``clusters``.
+
+    ``diff = mean(a) − mean(b)``; interval: Newcombe method 10 on the paired table scaled by
+    ``1 / deff`` with ``deff`` the design effect of the differences ``a − b``; p: clustered McNemar."""
+    _check_conf(conf)
+    x, y = _binary(a, "a"), _binary(b, "b")
+    if x.shape != y.shape:
+        raise ValueError(f"a and b must have the same length ({x.size} vs {y.size})")
+    n = int(x.size)
+    _, g = _cluster_codes(clusters, n)
+    test = "mcnemar_clustered"
+    if n == 0:
+        nan = float("nan")
+        return ClusteredPairedResult(nan, nan, nan, 1.0, 0, 0, 0, 0, nan, test)
+    n11 = int(np.sum((x == 1) & (y == 1)))
+    n10 = int(np.sum((x == 1) & (y == 0)))
+    n01 = int(np.sum((x == 0) & (y == 1)))
+    n00 = n - n11 - n10 - n01
+    deff = design_effect(x - y, clusters)
+    lo, hi = _newcombe(n11 / deff, n10 / deff, n01 / deff, n00 / deff, z_value(conf))
+    p = clustered_mcnemar(x, y, clusters)
+    return ClusteredPairedResult(float((n10 - n01) / n), lo, hi, p, n, g, n01, n10, float(deff), test)

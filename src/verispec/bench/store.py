@@ -1,7 +1,7 @@
 """SQLite result store for ``verispec bench`` (stdlib ``sqlite3`` only; resumable, crash-safe).
 
-Layout
-------
+Layout (schema version 2)
+-------------------------
 One database file holds every run of a grid and every sample of every run::
 
     schema_version(version INTEGER NOT NULL)                      -- exactly one row
@@ -14,9 +14,23 @@ One database file holds every run of a grid and every sample of every run::
             new_tokens INTEGER, target_calls INTEGER, draft_calls INTEGER,
             accepted_hist TEXT NOT NULL,                          -- JSON list[int]
             wall_s REAL, draft_s REAL, verify_s REAL, other_s REAL,
-            meta TEXT NOT NULL,                                   -- JSON object
+            meta TEXT NOT NULL,                                   -- JSON object (bench: checker, seed, ...)
             created_at REAL NOT NULL,
+            stats TEXT NOT NULL DEFAULT '{}',                     -- JSON: the engine's Stats.to_dict()
             PRIMARY KEY (run_id, problem_id, sample_idx))
+
+The numeric columns repeat the fields of ``stats`` that queries and the report aggregate; ``stats`` is
+the engine's whole record of the generation (stop reason, cost-model speedup, per-position acceptance,
+timings), stored as the engine wrote it rather than copied field by field.
+
+Versions
+--------
+Version 2 removed ``RunKey.baseline_of`` (never set; pairing is the ``pair_json`` of a run), which
+changes every run id, and added the ``stats`` column.  Opening a version-1 file migrates it in place in
+one transaction, after copying it to ``<name>.v1.bak``: run ids are recomputed (samples and pairings
+follow) and ``stats`` is filled from the version-1 columns and ``meta``.  A file of a newer version,
+a SQLite file that is not a verispec store, and a file that is not a database are refused with a
+:class:`StoreError` naming the file and what to do.
 
 Durability
 ----------
@@ -35,11 +49,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -48,9 +64,10 @@ __all__ = [
     "RunKey",
     "SampleRecord",
     "ResultStore",
+    "StoreError",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_DB_NAME = "results.sqlite"
 ROLES = ("method", "baseline", "target_only", "lossless_ref")
 RUN_ID_LEN = 16  # hex chars of sha256 (64 bits): collisions are not a practical concern
@@ -80,9 +97,19 @@ CREATE TABLE IF NOT EXISTS samples (
     other_s       REAL NOT NULL,
     meta          TEXT NOT NULL,
     created_at    REAL NOT NULL,
+    stats         TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, problem_id, sample_idx)
 );
 """
+
+#: what a user can do about a store this version cannot use
+_WHAT_TO_DO = "move the file aside (or delete it) or choose another --out directory"
+
+
+class StoreError(ValueError):
+    """A result store file that cannot be used: not a database, not a verispec store, or a newer schema.
+
+    A ``ValueError`` so that the command line reports it as a plain error (exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +124,6 @@ class RunKey:
     target: str
     max_new_tokens: int
     seed: int
-    baseline_of: str | None = None  # for a baseline run: None; pairing is done via ``role``
     role: str = "method"  # "method" | "baseline" | "target_only" | "lossless_ref"
 
     def __post_init__(self) -> None:
@@ -137,9 +163,21 @@ class RunKey:
         return cls.from_dict(json.loads(s))
 
 
+#: ``Stats.to_dict()`` fields that the sample table also keeps as columns
+_STAT_COLUMNS = ("new_tokens", "target_calls", "draft_calls", "accepted_hist", "wall_s", "draft_s", "verify_s",
+                 "other_s")
+#: ``Stats.to_dict()`` fields that version 1 stores hand-copied into ``meta``
+_V1_META_STATS = ("stop_reason", "cost_model_speedup", "rule_s", "prefill_s", "per_position_acceptance")
+
+
 @dataclass
 class SampleRecord:
-    """One generated sample of one problem in one run."""
+    """One generated sample of one problem in one run.
+
+    ``stats`` is the engine's ``Stats.to_dict()``; build a record from it with :meth:`from_stats`,
+    which fills the numeric columns from it.  ``meta`` holds what the bench adds (checker detail,
+    ``correct_flexible``, seed, difficulty).
+    """
 
     run_id: str
     problem_id: str
@@ -156,15 +194,54 @@ class SampleRecord:
     verify_s: float
     other_s: float
     meta: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_stats(cls, run_id: str, problem_id: str, sample_idx: int, *, output: str, extracted: str | None,
+                   correct: bool, stats: dict, meta: dict | None = None) -> "SampleRecord":
+        """A record whose numeric columns come from ``stats`` (an engine ``Stats.to_dict()``)."""
+        missing = [k for k in _STAT_COLUMNS if k not in stats]
+        if missing:
+            raise ValueError(f"stats lacks {missing}: pass the engine's Stats.to_dict()")
+        return cls(
+            run_id=run_id, problem_id=problem_id, sample_idx=sample_idx, output=output, extracted=extracted,
+            correct=bool(correct), new_tokens=int(stats["new_tokens"]), target_calls=int(stats["target_calls"]),
+            draft_calls=int(stats["draft_calls"]), accepted_hist=[int(v) for v in stats["accepted_hist"]],
+            wall_s=float(stats["wall_s"]), draft_s=float(stats["draft_s"]), verify_s=float(stats["verify_s"]),
+            other_s=float(stats["other_s"]), meta=dict(meta or {}), stats=dict(stats),
+        )
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.problem_id, self.sample_idx)
 
+    def _stat(self, name: str) -> Any:
+        # records built by hand (tests, other tools) may carry engine fields in meta only
+        return self.stats[name] if name in self.stats else self.meta.get(name)
+
+    @property
+    def stop_reason(self) -> str:
+        """``"eos"``, ``"stop"`` or ``"length"`` (the token budget ran out); ``""`` when unknown."""
+        return str(self._stat("stop_reason") or "")
+
+    @property
+    def truncated(self) -> bool:
+        return self.stop_reason == "length"
+
+    @property
+    def cost_model_speedup(self) -> Any:
+        return self._stat("cost_model_speedup")
+
+    @property
+    def correct_flexible(self) -> bool | None:
+        """The checker's lenient verdict (e.g. GSM8K flexible extraction); None when it gives none."""
+        v = self.meta.get("correct_flexible")
+        return None if v is None else bool(v)
+
 
 _SAMPLE_COLS = (
     "run_id, problem_id, sample_idx, output, extracted, correct, new_tokens, target_calls, "
-    "draft_calls, accepted_hist, wall_s, draft_s, verify_s, other_s, meta"
+    "draft_calls, accepted_hist, wall_s, draft_s, verify_s, other_s, meta, stats"
 )
 
 
@@ -185,6 +262,7 @@ def _row_to_record(row: tuple) -> SampleRecord:
         verify_s=float(row[12]),
         other_s=float(row[13]),
         meta=json.loads(row[14]),
+        stats=json.loads(row[15]),
     )
 
 
@@ -197,7 +275,23 @@ class ResultStore:
 
     def __init__(self, path: str | Path, *, timeout: float = 60.0, synchronous: str = "NORMAL"):
         self.path = Path(path)
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"bad synchronous level {synchronous!r}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = None
+        try:
+            self._open(timeout, synchronous.upper())
+        except (sqlite3.OperationalError, sqlite3.IntegrityError):
+            self.close()
+            raise  # locked, busy, read-only: nothing wrong with the file itself
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+            self.close()
+            raise StoreError(f"{self.path} is not a usable result store (SQLite: {exc}); {_WHAT_TO_DO}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, timeout: float, synchronous: str) -> None:
         # isolation_level=None: autocommit; transactions are explicit (BEGIN IMMEDIATE ... COMMIT)
         self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
         c = self._conn
@@ -205,33 +299,92 @@ class ResultStore:
         mode = c.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":  # e.g. a filesystem without shared memory support
             raise RuntimeError(f"could not put {self.path} in WAL mode (got {mode!r})")
-        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise ValueError(f"bad synchronous level {synchronous!r}")
-        c.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        c.execute(f"PRAGMA synchronous = {synchronous}")
         c.execute("PRAGMA foreign_keys = ON")
         self._init_schema()
 
     # -- schema -----------------------------------------------------------------------------
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _versions(self) -> list[int]:
+        return [r[0] for r in self._conn.execute("SELECT version FROM schema_version")]
+
     def _init_schema(self) -> None:
         c = self._conn
+        tables = self._tables()
+        if tables and "schema_version" not in tables:
+            raise StoreError(f"{self.path} is a SQLite database but not a verispec result store "
+                             f"(tables: {', '.join(sorted(tables))}); {_WHAT_TO_DO}")
+        if "schema_version" in tables and self._versions() == [1]:
+            self._backup(self.path.with_name(self.path.name + ".v1.bak"))
         c.execute("BEGIN IMMEDIATE")
         try:
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    c.execute(stmt)
-            rows = c.execute("SELECT version FROM schema_version").fetchall()
+            if "schema_version" not in self._tables():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+            rows = self._versions()
             if not rows:
                 c.execute("INSERT INTO schema_version(version) VALUES (?)", (SCHEMA_VERSION,))
-            elif len(rows) > 1 or rows[0][0] != SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path}: schema version {[r[0] for r in rows]} is not "
-                    f"{SCHEMA_VERSION}; this verispec cannot read it"
+            elif rows == [1]:  # re-read under the write lock: another process may have migrated it
+                self._migrate_v1()
+            elif rows != [SCHEMA_VERSION]:
+                raise StoreError(
+                    f"{self.path}: schema version {rows} is not {SCHEMA_VERSION}; this verispec cannot read it. "
+                    f"Use the verispec that wrote it, or {_WHAT_TO_DO}"
                 )
             c.execute("COMMIT")
         except BaseException:
             if c.in_transaction:
                 c.execute("ROLLBACK")
             raise
+
+    def _backup(self, dest: Path) -> None:
+        """A consistent copy of the database (WAL content included) before it is changed in place."""
+        if dest.exists():
+            return
+        tmp = dest.with_name(dest.name + ".tmp")
+        copy = sqlite3.connect(str(tmp))
+        try:
+            self._conn.backup(copy)
+        finally:
+            copy.close()
+        shutil.move(str(tmp), str(dest))
+
+    def _migrate_v1(self) -> None:
+        """Version 1 -> 2 inside the caller's transaction: drop ``baseline_of`` from every run key
+        (recomputing run ids everywhere they appear) and fill the ``stats`` column."""
+        c = self._conn
+        old = c.execute("SELECT run_id, key_json, pair_json FROM runs ORDER BY rowid").fetchall()
+        new_id: dict[str, str] = {}
+        new_key: dict[str, RunKey] = {}
+        for rid, key_json, _ in old:
+            d = json.loads(key_json)
+            if d.get("baseline_of") is not None:
+                raise StoreError(f"{self.path}: run {rid} sets baseline_of={d['baseline_of']!r}, which schema "
+                                 f"{SCHEMA_VERSION} no longer has; {_WHAT_TO_DO}")
+            key = RunKey.from_dict(d)
+            new_id[rid], new_key[rid] = key.run_id, key
+        if len(set(new_id.values())) != len(new_id):
+            raise StoreError(f"{self.path}: two version-1 runs have the same identity without baseline_of; "
+                             f"{_WHAT_TO_DO}")
+        # Ids change under the samples' foreign key: check it at COMMIT, not per statement.
+        c.execute("PRAGMA defer_foreign_keys = ON")
+        for rid, _, pair_json in old:
+            pair = {k: new_id.get(v, v) for k, v in json.loads(pair_json).items()}
+            c.execute("UPDATE runs SET run_id = ?, key_json = ?, pair_json = ? WHERE run_id = ?",
+                      (new_id[rid], new_key[rid].canonical_json(), json.dumps(pair, sort_keys=True), rid))
+            c.execute("UPDATE samples SET run_id = ? WHERE run_id = ?", (new_id[rid], rid))
+        c.execute("ALTER TABLE samples ADD COLUMN stats TEXT NOT NULL DEFAULT '{}'")
+        cols = ", ".join(_STAT_COLUMNS)
+        for row in c.execute(f"SELECT rowid, {cols}, meta FROM samples").fetchall():
+            stats = dict(zip(_STAT_COLUMNS, row[1:-1]))
+            stats["accepted_hist"] = json.loads(stats["accepted_hist"])
+            meta = json.loads(row[-1])
+            stats.update({k: meta[k] for k in _V1_META_STATS if k in meta})
+            c.execute("UPDATE samples SET stats = ? WHERE rowid = ?", (json.dumps(stats, sort_keys=True), row[0]))
+        c.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
 
     @property
     def schema_version(self) -> int:
@@ -319,12 +472,13 @@ class ResultStore:
             json.dumps(hist),
             *timings,
             json.dumps(rec.meta if rec.meta is not None else {}, sort_keys=True, default=_json_default),
+            json.dumps(rec.stats if rec.stats is not None else {}, sort_keys=True, default=_json_default),
             time.time(),
         )
         # autocommit mode: a single INSERT is one atomic, committed transaction
         cur = self._conn.execute(
             f"INSERT OR IGNORE INTO samples({_SAMPLE_COLS}, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             params,
         )
         return cur.rowcount == 1
@@ -354,7 +508,7 @@ class ResultStore:
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        if self._conn is not None:
+        if getattr(self, "_conn", None) is not None:
             self._conn.close()
             self._conn = None  # type: ignore[assignment]
 

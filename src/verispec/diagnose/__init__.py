@@ -2,7 +2,8 @@
 
 * :mod:`~verispec.diagnose.record` — :class:`PositionRecorder`, compact (exact-where-it-matters)
   records of ``(p, q)`` rows with meta, saved to one compressed ``.npz``;
-* :mod:`~verispec.diagnose.measures` — per-position measures (:func:`measure`), the same on records
+* :mod:`~verispec.diagnose.measures` — per-position measures (:func:`measure`; the distances
+  :func:`tv_distance`, :func:`overshoot_mass`, :func:`ceiling_ratio` used everywhere), the same on records
   with compression-error bounds (:func:`measure_records`), corpus summaries (:func:`summarize`),
   JSON / Markdown writers and :func:`rank_correlation`;
 * :mod:`~verispec.diagnose.plots` — frontier, entropy and single-position figures (matplotlib Agg);
@@ -13,14 +14,17 @@
 from verispec.diagnose.corpus import collect_corpus
 from verispec.diagnose.measures import (
     MEASURES,
+    ceiling_ratio,
     diagnostics_markdown,
     distortion_by_rule,
     measure,
     measure_records,
+    overshoot_mass,
     rank_correlation,
     recorded_block_efficiency,
     summarize,
     tokens_per_call,
+    tv_distance,
     write_diagnostics_json,
     write_diagnostics_markdown,
 )
@@ -30,6 +34,9 @@ __all__ = [
     "PositionRecorder",
     "MEASURES",
     "measure",
+    "tv_distance",
+    "overshoot_mass",
+    "ceiling_ratio",
     "measure_records",
     "tokens_per_call",
     "summarize",

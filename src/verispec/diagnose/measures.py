@@ -94,9 +94,6 @@ import torch
 from verispec import rules as rules_mod
 from verispec.rules.base import Rule, check_distribution
 from verispec.rules.block import BlockVerification
-from verispec.rules.collaborative import CeilingOnTarget, CosWE, Lenience
-from verispec.rules.lossless import Greedy, Lossless
-from verispec.rules.truncation import Cascade, SpecCascade, Typical
 from verispec.sets import entropy
 
 MEASURES = ("tv", "kl", "kl_reverse", "overshoot", "ceiling_ratio", "tail_leak", "acceptance", "tokens_per_call")
@@ -108,6 +105,9 @@ QUANTILES = (0.1, 0.5, 0.9)
 __all__ = [
     "MEASURES",
     "measure",
+    "tv_distance",
+    "overshoot_mass",
+    "ceiling_ratio",
     "measure_records",
     "tokens_per_call",
     "summarize",
@@ -148,20 +148,35 @@ def _kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     pos = a > 0
     both = pos & (b > 0)
     one = torch.ones_like(a)
-    terms = torch.where(both, a * (torch.where(both, a, one).log() - torch.where(both, b, one).log()), torch.zeros_like(a))
+    terms = torch.where(both, a * (torch.where(both, a, one).log() - torch.where(both, b, one).log()),
+                        torch.zeros_like(a))
     out = terms.sum(-1).clamp_min(0.0)
     return torch.where((pos & (b == 0)).any(-1), torch.full_like(out, math.inf), out)
 
 
-def _distortion(P: torch.Tensor, ref: torch.Tensor, p: torch.Tensor) -> dict[str, torch.Tensor]:
+def tv_distance(P: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``½‖P − ref‖₁`` over the last dimension. ``[..., V] -> [...]``."""
+    return 0.5 * (P - ref).abs().sum(-1)
+
+
+def overshoot_mass(P: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``Σ_v (P(v) − p(v))_+``: mass pushed above the target. ``[..., V] -> [...]``."""
+    return (P - p).clamp_min(0).sum(-1)
+
+
+def ceiling_ratio(P: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``max_{v: p(v) > 0} P(v)/p(v)``, ``inf`` where ``P`` puts mass on ``p = 0``. ``[..., V] -> [...]``."""
     ratio = torch.where(p > 0, P / torch.where(p > 0, p, torch.ones_like(p)), torch.zeros_like(p)).amax(-1)
-    ceiling = torch.where(((P > 0) & (p == 0)).any(-1), torch.full_like(ratio, math.inf), ratio)
+    return torch.where(((P > 0) & (p == 0)).any(-1), torch.full_like(ratio, math.inf), ratio)
+
+
+def _distortion(P: torch.Tensor, ref: torch.Tensor, p: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
-        "tv": 0.5 * (P - ref).abs().sum(-1),
+        "tv": tv_distance(P, ref),
         "kl": _kl(P, ref),
         "kl_reverse": _kl(ref, P),
-        "overshoot": (P - p).clamp_min(0).sum(-1),
-        "ceiling_ratio": ceiling,
+        "overshoot": overshoot_mass(P, p),
+        "ceiling_ratio": ceiling_ratio(P, p),
         "tail_leak": torch.where(ref > 0, torch.zeros_like(P), P).sum(-1),
     }
 
@@ -270,8 +285,7 @@ def _ceiling_K_part(P, p):
     """max P/p over kept columns with p > 0 (and inf if P > 0 = p there)."""
     if p.shape[-1] == 0:
         return torch.zeros(p.shape[0], dtype=torch.float64)
-    ratio = torch.where(p > 0, P / torch.where(p > 0, p, torch.ones_like(p)), torch.zeros_like(p)).amax(-1)
-    return torch.where(((P > 0) & (p == 0)).any(-1), torch.full_like(ratio, math.inf), ratio)
+    return ceiling_ratio(P, p)
 
 
 def _bounds_we(c: _Ctx, lam: float) -> tuple[dict, tuple]:
@@ -281,7 +295,10 @@ def _bounds_we(c: _Ctx, lam: float) -> tuple[dict, tuple]:
     t_hi = torch.as_tensor(c.st["qp_rest_max"], dtype=torch.float64)
     t_lo = torch.as_tensor(c.st["qp_rest_min"], dtype=torch.float64)
     m_hi = lam + (1 - lam) * t_hi if lam < 1 else torch.ones_like(t_hi)
-    m_lo = lam + (1 - lam) * torch.where(torch.isinf(t_lo), torch.ones_like(t_lo), t_lo) if lam < 1 else torch.ones_like(t_lo)
+    if lam < 1:
+        m_lo = lam + (1 - lam) * torch.where(torch.isinf(t_lo), torch.ones_like(t_lo), t_lo)
+    else:
+        m_lo = torch.ones_like(t_lo)
     m_lo = _snapped(m_lo)
     x = c.PR
     q_p0 = torch.as_tensor(c.st["q_rest_on_p0"], dtype=torch.float64)
@@ -337,13 +354,16 @@ def _bounds_lenience(c: _Ctx, ell: float) -> tuple[dict, tuple]:
     t_lo = torch.as_tensor(c.st["qp_rest_min"], dtype=torch.float64)
     # ceiling ratio: exact value from the q > p kept tokens and the stored t⁺
     over = qK > pK
-    rK = torch.where(over & (pK > 0), torch.minimum(qK / torch.where(pK > 0, pK, torch.ones_like(pK)), torch.full_like(pK, 1 / ell)), torch.zeros_like(pK))
+    rK = torch.where(over & (pK > 0),
+                     torch.minimum(qK / torch.where(pK > 0, pK, torch.ones_like(pK)), torch.full_like(pK, 1 / ell)),
+                     torch.zeros_like(pK))
     ceil_true = torch.maximum(rK.amax(-1) if rK.shape[-1] else c.zero, torch.ones_like(c.zero))
     ceil_true = torch.where(has_a, torch.maximum(ceil_true, torch.clamp(t_hi, max=1 / ell)), ceil_true)
     # KL(P‖p): Lipschitz in Δ on K, sandwich on R
     under = (qK < pK)
     r_min = _snapped(D_lo[:, None] + (1 - D_lo[:, None]) * qK / torch.where(pK > 0, pK, torch.ones_like(pK)))
-    lip_kl = torch.where(under, diffK * torch.maximum(torch.ones_like(r_min), (1 + _safe_log(r_min)).abs()), torch.zeros_like(pK)).sum(-1)
+    lip_kl = torch.where(under, diffK * torch.maximum(torch.ones_like(r_min), (1 + _safe_log(r_min)).abs()),
+                         torch.zeros_like(pK)).sum(-1)
     lip_klr = torch.where(under, diffK / r_min, torch.zeros_like(pK)).sum(-1)
     errK_kl = torch.where(w > 0, w * lip_kl, c.zero)
     errK_klr = torch.where(w > 0, w * lip_klr, c.zero)
@@ -351,7 +371,8 @@ def _bounds_lenience(c: _Ctx, ell: float) -> tuple[dict, tuple]:
     coarse_R = _xlogx_over(c.PR, a)
     x_star = torch.minimum(torch.maximum(a / math.e, x_lo), x_hi)
     kl_R = _gap(x_hi * M_R.log(), coarse_R, _xlogx_over(x_star, a))
-    m_R = _snapped(torch.minimum(torch.ones_like(t_lo), D_lo + (1 - D_lo) * torch.where(torch.isinf(t_lo), torch.ones_like(t_lo), t_lo)))
+    t_lo_finite = torch.where(torch.isinf(t_lo), torch.ones_like(t_lo), t_lo)
+    m_R = _snapped(torch.minimum(torch.ones_like(t_lo), D_lo + (1 - D_lo) * t_lo_finite))
     coarse_Rr = _xlogx_over(a, c.PR)
     klr_R = _gap(a * (-_safe_log(m_R)), coarse_Rr, _xlogx_over(a, x_hi))
     out = {
@@ -372,11 +393,11 @@ def _certificate_min_p(c: _Ctx, p_base: float) -> torch.Tensor:
     return (c.a < c.maxK) & (rmax <= c.maxK) & (rmax < thr) & (c.a < thr)
 
 
-def _certificate_eta(c: _Ctx, rule: Typical) -> torch.Tensor:
+def _certificate_eta(c: _Ctx, eps: float, delta: float) -> torch.Tensor:
     h_true = torch.as_tensor(c.st["target_entropy"], dtype=torch.float64)
     h_bar = entropy(c.pbar)
-    th_true = torch.clamp(rule.delta * torch.exp(-h_true), max=rule.eps)
-    th_bar = torch.clamp(rule.delta * torch.exp(-h_bar), max=rule.eps)
+    th_true = torch.clamp(delta * torch.exp(-h_true), max=eps)
+    th_bar = torch.clamp(delta * torch.exp(-h_bar), max=eps)
     lo = torch.minimum(th_true, th_bar) * (1 - 1e-5)
     hi = torch.maximum(th_true, th_bar) * (1 + 1e-5)
     pK = c.pK
@@ -391,19 +412,22 @@ def _exact_if(c: _Ctx, ok: torch.Tensor) -> dict:
 
 
 def _bounds(rule: Rule, c: _Ctx) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Per-position bounds ``err_<measure>`` and exact replacements of coarse values (module docstring)."""
+    """Per-position bounds ``err_<measure>`` and exact replacements of coarse values (module docstring).
+
+    The bound depends on the shape of the rule's law, which the rule states itself
+    (:meth:`~verispec.rules.base.Rule.induced_form`); rules of kind ``other`` get no finite bound."""
     exact = torch.as_tensor((c.st["p_rest"] == 0) & (c.st["q_rest"] == 0))
     if not rule.per_token:
         out = {m: c.zero.clone() for m in DISTORTIONS}
         out["acceptance"] = c.zero.clone()
         out["tokens_per_call"] = c.zero.clone()
         return {f"err_{k}": v for k, v in out.items()}, {}
-    interval = None
     fixes: dict[str, torch.Tensor] = {}
-    if isinstance(rule, Lossless):
+    form = rule.induced_form()
+    if form.kind == "target":
         dist = {m: c.zero.clone() for m in DISTORTIONS}
         interval = c.acceptance_interval(torch.minimum(c.a, c.b))
-    elif isinstance(rule, Greedy):
+    elif form.kind == "argmax":
         rmax = torch.as_tensor(c.st["p_rest_max"], dtype=torch.float64)
         ok = (c.a < c.maxK) & (rmax < c.maxK)
         dist = _exact_if(c, ok)
@@ -411,23 +435,21 @@ def _bounds(rule: Rule, c: _Ctx) -> tuple[dict[str, torch.Tensor], dict[str, tor
             dist[m] = c.zero.clone()
         gap = torch.where(ok, c.zero, c.inf)
         interval = c.acceptance_interval(gap, gap)
-    elif isinstance(rule, (Lenience, CeilingOnTarget)):
-        ell = rule.ell if isinstance(rule, Lenience) else 1.0 / rule.kappa
-        dist, interval, fixes = _bounds_lenience(c, ell)
-    elif isinstance(rule, CosWE):
-        dist, interval, fixes = _bounds_we(c, rule.lam)
-    elif (isinstance(rule, SpecCascade) and rule.p_base == 0) or (isinstance(rule, Cascade) and rule.rule == "token_v3" and rule.alpha == 1):
-        dist, interval, fixes = _bounds_we(c, 0.0)
-    elif isinstance(rule, (SpecCascade, Typical)):
-        ok = _certificate_min_p(c, rule.p_base) if isinstance(rule, SpecCascade) else _certificate_eta(c, rule)
+    elif form.kind == "capped":
+        dist, interval, fixes = _bounds_lenience(c, form.ell)
+    elif form.kind == "mixture":
+        dist, interval, fixes = _bounds_we(c, form.lam)
+    elif form.kind in ("min_p_set", "eta_set"):
+        if form.kind == "min_p_set":
+            ok = _certificate_min_p(c, form.p_base)
+        else:
+            ok = _certificate_eta(c, form.eps, form.delta)
         dist = _exact_if(c, ok)
-        gap = torch.where(ok, c.zero, c.inf)
-        interval = c.acceptance_interval(gap, gap)
-    elif isinstance(rule, Cascade) and rule.rule == "token_v3":
-        ok = _certificate_min_p(c, 1 - rule.alpha)
-        dist = _exact_if(c, ok)
-        keep_frac = torch.where(c.a > 0, c.PR / torch.where(c.a > 0, c.a, torch.ones_like(c.a)), c.zero)
-        gap = torch.where(ok, torch.minimum(keep_frac * c.a, c.b), c.inf)
+        if form.acceptance_is_set_mass:
+            gap = torch.where(ok, c.zero, c.inf)
+        else:   # cascade token_v3: β = 1 − d(π, q)
+            keep_frac = torch.where(c.a > 0, c.PR / torch.where(c.a > 0, c.a, torch.ones_like(c.a)), c.zero)
+            gap = torch.where(ok, torch.minimum(keep_frac * c.a, c.b), c.inf)
         interval = c.acceptance_interval(gap, gap)
     else:
         dist = _exact_if(c, torch.zeros_like(exact))
@@ -499,9 +521,6 @@ def measure_records(rule: Rule | str, records, *, gamma: int, index: Sequence[in
 # exact block efficiency from recorded draft blocks
 
 
-_TOKENWISE_H = (Lossless, Lenience, CeilingOnTarget, CosWE)
-
-
 def recorded_block_efficiency(rule: Rule | str, records) -> dict[str, Any]:
     """Exact expected tokens per target call *given the recorded draft blocks*.
 
@@ -532,13 +551,14 @@ def recorded_block_efficiency(rule: Rule | str, records) -> dict[str, Any]:
             groups.append(np.array(cur))
             cur = [j]
     groups.append(np.array(cur))
-    tokenwise = isinstance(rule, _TOKENWISE_H)
+    tokenwise = rule.pointwise_acceptance
     values, skipped = [], 0
     for g in groups:
         pos = a["position"][g]
         drafted = a["draft_token"][g]
         exact = bool(((a["p_rest"][g] == 0) & (a["q_rest"][g] == 0)).all())
-        if (a["step"][g] < 0).any() or (drafted < 0).any() or not np.array_equal(pos, np.arange(len(g))) or not (exact or (tokenwise and rule.per_token)):
+        complete = not (a["step"][g] < 0).any() and not (drafted < 0).any() and np.array_equal(pos, np.arange(len(g)))
+        if not complete or not (exact or (tokenwise and rule.per_token)):
             skipped += 1
             continue
         # a common column space: the union of the kept ids of the block, plus one rest bucket per row

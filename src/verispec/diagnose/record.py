@@ -29,10 +29,11 @@ row. Per position, with ``R = V ∖ K`` (computed in float64 on the full rows at
 
 ``p_rest``/``q_rest`` are the raw sums (so that decompression renormalises exactly as a full row is
 renormalised); the other statistics are taken on the renormalised full rows ``p/Σp``, ``q/Σq``
-(float32 rows sum to one only within ~1e-6). These statistics are what :mod:`verispec.diagnose.measures` needs to *bound* the error of every
-measure computed on the coarsened pair (see that module). Meta per position: ``dataset``,
-``problem_id`` (strings), ``step`` (verification step index within the generation), ``position``
-(0..G−1 in the block), ``accepted`` (1/0, −1 unknown), ``draft_token`` (−1 unknown).
+(float32 rows sum to one only within ~1e-6). These statistics are what :mod:`verispec.diagnose.measures`
+needs to *bound* the error of every measure computed on the coarsened pair (see that module). Meta
+per position: ``dataset``, ``problem_id`` (strings), ``step`` (verification step index within the
+generation), ``position`` (0..G−1 in the block), ``accepted`` (1/0, −1 unknown), ``draft_token``
+(−1 unknown).
 
 Decompression (:meth:`PositionRecorder.dense`) yields ``[n, W+1]`` float64 rows: the kept
 probabilities (padded with zeros to the widest row ``W``) and the rest mass in the last column
@@ -140,13 +141,15 @@ class PositionRecorder:
         info.update(fields)
         unknown = set(info) - set(_INT_META) - set(_STR_META)
         if unknown:
-            raise ValueError(f"unknown meta field(s) {sorted(unknown)}; valid: {sorted(set(_INT_META) | set(_STR_META))}")
+            raise ValueError(f"unknown meta field(s) {sorted(unknown)}; "
+                             f"valid: {sorted(set(_INT_META) | set(_STR_META))}")
         if not isinstance(p, torch.Tensor) or not isinstance(q, torch.Tensor):
             raise TypeError("p and q must be torch tensors")
         if p.dim() == 1:
             p, q = p[None], q[None]
         if p.dim() != 2 or p.shape != q.shape:
-            raise ValueError(f"p and q must both be [N, V] with the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+            raise ValueError("p and q must both be [N, V] with the same shape, "
+                             f"got {tuple(p.shape)} and {tuple(q.shape)}")
         n, vocab = p.shape
         if self.vocab_size is not None and vocab != self.vocab_size:
             raise ValueError(f"vocabulary size changed: recorder holds V={self.vocab_size}, got V={vocab}")
@@ -157,7 +160,8 @@ class PositionRecorder:
                 raise ValueError(f"{name} must hold finite non-negative probabilities")
             sums = t.double().sum(-1)
             if ((sums - 1).abs() > 1e-3).any():
-                raise ValueError(f"{name} rows must sum to 1 (found {float(sums[(sums - 1).abs() > 1e-3][0]):.6g}); pass processed probabilities, not logits")
+                raise ValueError(f"{name} rows must sum to 1 (found {float(sums[(sums - 1).abs() > 1e-3][0]):.6g}); "
+                                 "pass processed probabilities, not logits")
 
         def per_row(name: str, default: Any) -> list:
             v = info.get(name, default)
@@ -209,7 +213,8 @@ class PositionRecorder:
             self._strings[name].append(value)
         return table[value]
 
-    def _compress_row(self, p: torch.Tensor, q: torch.Tensor, draft_token: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _compress_row(self, p: torch.Tensor, q: torch.Tensor,
+                      draft_token: int) -> tuple[torch.Tensor, dict[str, float]]:
         support_ids = ((p > 0) | (q > 0)).nonzero()[:, 0]
         if support_ids.numel() <= self.max_keep:
             # the whole union of supports is kept: nothing outside it has mass (fast path, top-k/top-p)
@@ -377,7 +382,8 @@ class PositionRecorder:
             if header.get("format") != FORMAT:
                 raise ValueError(f"{path}: not a verispec position-record file")
             if header.get("version") != FORMAT_VERSION:
-                raise ValueError(f"{path}: record format version {header.get('version')} is not supported (expected {FORMAT_VERSION})")
+                raise ValueError(f"{path}: record format version {header.get('version')} is not supported "
+                                 f"(expected {FORMAT_VERSION})")
             rec = cls(tol=header["tol"], max_keep=header["max_keep"])
             rec.vocab_size = header["vocab_size"]
             chunk = {k: z[k] for k in z.files if k != "header" and not k.endswith("_table")}

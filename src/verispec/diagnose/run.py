@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from verispec import rules as rule_registry
+from verispec.settings import DataSettings, ModelSettings
 
 DEFAULT_DIAGNOSE_RULES = (
     "lossless",
@@ -34,28 +36,18 @@ DEFAULT_DIAGNOSE_RULES = (
 
 
 @dataclass
-class DiagnoseConfig:
+class DiagnoseConfig(DataSettings, ModelSettings):
+    """A diagnose invocation: the problems (:class:`~verispec.settings.DataSettings`), the model pair
+    (:class:`~verispec.settings.ModelSettings`), one decoding setting and the rules to measure."""
+
     datasets: list[str] = field(default_factory=lambda: ["gsm8k", "math500"])
+    limit: int | None = 5
     rules: list[str] = field(default_factory=lambda: list(DEFAULT_DIAGNOSE_RULES))
     sampling: str = "temperature=0.7,top_k=20,top_p=0.8"
     gamma: int = 5
-    limit: int | None = 5
-    offset: int = 0
     max_new_tokens: int = 128
     seed: int = 0
     out: str = "verispec-out/diagnose"
-    data_dir: str | None = None
-    question_field: str | None = None
-    answer_field: str | None = None
-    id_field: str | None = None
-    checker: str | None = None
-    on_bad_row: str = "skip"
-    draft: str | None = None
-    target: str | None = None
-    n_threads: int | None = None
-    n_ctx: int = 4096
-    device: str = "cpu"
-    dtype: str | None = None
     bench_dir: str | None = None
     recollect: bool = False
 
@@ -66,10 +58,19 @@ class DiagnoseConfig:
         return {k: getattr(self, k) for k in keys}
 
 
-def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None) -> dict:
+def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None,
+                 accuracy_gaps: Callable[[str], Mapping[str, float]] | None = None) -> dict:
+    """Record (or reuse) the corpus, summarise every rule, write the outputs; returns the summary,
+    plot paths and, with ``cfg.bench_dir``, the rank correlation with the accuracy gaps that
+    ``accuracy_gaps(bench_dir)`` reads from that bench (``verispec.bench.cli.accuracy_gaps``: the
+    bench sits above this layer, so the caller passes it)."""
     from verispec.diagnose.corpus import collect_corpus
     from verispec.diagnose.measures import (
-        distortion_by_rule, rank_correlation, summarize, to_jsonable, write_diagnostics_json,
+        distortion_by_rule,
+        rank_correlation,
+        summarize,
+        to_jsonable,
+        write_diagnostics_json,
         write_diagnostics_markdown,
     )
     from verispec.diagnose.plots import plot_distortion_vs_entropy, plot_frontier, plot_position
@@ -81,26 +82,30 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         rule_registry.get(spec)
     if cfg.gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {cfg.gamma}")
+    if cfg.bench_dir and accuracy_gaps is None:
+        raise ValueError("bench_dir is set but no accuracy_gaps reader was passed (verispec.bench.cli.accuracy_gaps)")
     sampling = SamplingConfig.parse(cfg.sampling)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus_path, key_path = out / "corpus.npz", out / "corpus.json"
 
-    if corpus_path.exists() and key_path.exists() and not cfg.recollect and json.loads(key_path.read_text()) == cfg.corpus_key():
+    reusable = corpus_path.exists() and key_path.exists() and not cfg.recollect
+    if reusable and json.loads(key_path.read_text()) == cfg.corpus_key():
         corpus = PositionRecorder.load(corpus_path)
         log(f"diagnose: reusing {len(corpus)} recorded positions from {corpus_path}")
     else:
-        from verispec.bench.runner import load_models_for, load_problems
+        from verispec.bench.datasets import load_problems
+        from verispec.models import load_pair
 
         problems = [p for ps in load_problems(cfg, log).values() for p in ps]
-        if load_models is None:
-            load_models = load_models_for
-        target, draft, _ = load_models(cfg, need_draft=True)
+        target, draft, _ = (load_models or load_pair)(cfg, need_draft=True)
         corpus = collect_corpus(target, draft, problems, sampling=sampling, gamma=cfg.gamma,
-                                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, recorder=PositionRecorder(), progress=progress)
+                                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, recorder=PositionRecorder(),
+                                progress=progress)
         corpus.save(corpus_path)
         key_path.write_text(json.dumps(cfg.corpus_key()))
-        log(f"diagnose: recorded {len(corpus)} positions -> {corpus_path} ({corpus.bytes_per_position():.0f} B/position in memory)")
+        log(f"diagnose: recorded {len(corpus)} positions -> {corpus_path} "
+            f"({corpus.bytes_per_position():.0f} B/position in memory)")
 
     summary = summarize(corpus, cfg.rules, gamma=cfg.gamma)
     write_diagnostics_json(out / "diagnostics.json", summary)
@@ -109,13 +114,13 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         plot_frontier(summary, out / "frontier_distribution.png"),
         plot_distortion_vs_entropy(summary, out / "distortion_vs_entropy.png"),
     ]
-    figure2_rules = [s for s in ("lossless", "lenience:ell=0.4", "cos_we:lam=0.5", "speccascade:p_base=0.3", "typical:eps=0.15")]
+    figure2_rules = ["lossless", "lenience:ell=0.4", "cos_we:lam=0.5", "speccascade:p_base=0.3", "typical:eps=0.15"]
     index = _most_contested_position(corpus)
     if index is not None:
         plots.append(plot_position(corpus, index, figure2_rules, out / "figure2_position.png"))
     result = {"summary": summary, "plots": [str(p) for p in plots], "n_positions": len(corpus), "out": str(out)}
     if cfg.bench_dir:
-        gaps = accuracy_gaps(cfg.bench_dir)
+        gaps = dict(accuracy_gaps(cfg.bench_dir))
         corr = rank_correlation(distortion_by_rule(summary), gaps)
         (out / "correlation.json").write_text(json.dumps({"accuracy_gap": gaps, **to_jsonable(corr)}, indent=2))
         result["correlation"] = corr
@@ -132,23 +137,14 @@ def _most_contested_position(corpus) -> int | None:
     positions whose target entropy is at least :data:`FIGURE2_MIN_ENTROPY` when there are any."""
     import torch
 
+    from verispec.diagnose.measures import overshoot_mass
+
     if len(corpus) == 0:
         return None
     p, q, _ = corpus.dense()
-    overshoot = torch.clamp(q - p, min=0).sum(-1)
+    overshoot = overshoot_mass(q, p)
     entropy = torch.as_tensor(corpus.arrays["target_entropy"].astype("float64"))
     uncertain = entropy >= FIGURE2_MIN_ENTROPY
     if uncertain.any():
         overshoot = torch.where(uncertain, overshoot, torch.full_like(overshoot, -1.0))
     return int(overshoot.argmax())
-
-
-def accuracy_gaps(bench_dir: str) -> dict[str, float]:
-    """Mean accuracy gap (method − true baseline) per rule spec over the datasets of a bench."""
-    from verispec.bench.report import collect_rows
-
-    by_rule: dict[str, list[float]] = {}
-    for row in collect_rows(bench_dir):
-        if row["role"] == "method" and row.get("diff") is not None:
-            by_rule.setdefault(row["rule"], []).append(row["diff"])
-    return {rule: sum(v) / len(v) for rule, v in by_rule.items()}

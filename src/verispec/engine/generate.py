@@ -11,6 +11,10 @@ last one, ``pending``. A step
 ``g = min(γ, budget − 1)`` so that ``max_new_tokens`` is never exceeded; when one token is left it is
 sampled from the target alone. EOS or a stop string inside an accepted block ends the output at the
 token that completes it.
+
+Both loops share their prologue (prompt checks, generator, output buffer) and epilogue (totals) in
+:class:`_Decoding`; model, sampling and rule time is added to the :class:`Stats` fields by
+``with stats.timing(field):`` blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch
 
 from verispec.engine.stats import CallCosts, Stats
 from verispec.models.base import Backend, check_compatible, tokenizer_size
-from verispec.rules import Rule, get as get_rule
+from verispec.rules import Rule
+from verispec.rules import get as get_rule
 from verispec.rules.base import sample_categorical
 from verispec.sampling import SamplingConfig
 
@@ -109,6 +114,33 @@ def _budget(backend: Backend, n_prompt: int, max_new_tokens: int, gamma: int) ->
     return max(1, min(max_new_tokens, room))
 
 
+class _Decoding:
+    """What both loops share: the checked prompt, the generator, the statistics and the output, and
+    the epilogue that fills the totals. The wall clock starts after the prefill (:meth:`start`)."""
+
+    def __init__(self, target: Backend, prompt_ids: Sequence[int], *, stats: Stats, max_new_tokens: int,
+                 stop: Sequence[str], seed: int, gamma: int) -> None:
+        self.ids = _check_prompt(target, prompt_ids, max_new_tokens)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.stats = stats
+        self.out = _Output(target, stop, _budget(target, len(self.ids), max_new_tokens, gamma))
+        self.t_start = 0.0
+
+    def start(self) -> None:
+        self.t_start = time.perf_counter()
+
+    def sample(self, probs: torch.Tensor) -> int:
+        """One token from ``probs [1, V]`` with this generation's generator."""
+        return int(sample_categorical(probs, self.gen)[0])
+
+    def result(self) -> GenerationResult:
+        stats, out = self.stats, self.out
+        stats.wall_s = time.perf_counter() - self.t_start
+        stats.new_tokens = len(out.tokens) + (out.stop_reason == "eos")
+        stats.stop_reason = out.stop_reason
+        return GenerationResult(out.finish(), out.tokens, stats)
+
+
 def generate_target_only(
     target: Backend,
     prompt_ids: Sequence[int],
@@ -122,33 +154,25 @@ def generate_target_only(
     """Plain autoregressive sampling from the target with ``sampling`` (one forward per token).
 
     ``vocab_width`` slices the logits (default: the tokenizer's size, dropping padded rows)."""
-    ids = _check_prompt(target, prompt_ids, max_new_tokens)
+    run = _Decoding(target, prompt_ids, stats=Stats(mode="target_only", rule="", gamma=0),
+                    max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=0)
+    stats = run.stats
     # Logits rows past the tokenizer are padding: never sample them.
     width = vocab_width or min(target.vocab_size, tokenizer_size(target))
-    gen = torch.Generator().manual_seed(seed)
-    stats = Stats(mode="target_only", rule="", gamma=0)
-    out = _Output(target, stop, _budget(target, len(ids), max_new_tokens, 0))
     target.reset()
-    t0 = time.perf_counter()
-    logits = target.forward(ids, all_logits=False)
-    stats.prefill_s = time.perf_counter() - t0
-    start = time.perf_counter()
-    while True:
-        t = time.perf_counter()
-        probs = sampling.process(logits[-1:, :width])
-        tok = int(sample_categorical(probs, gen)[0])
-        stats.rule_s += time.perf_counter() - t
-        if out.extend([tok]):
-            break
-        t = time.perf_counter()
-        logits = target.forward([tok], all_logits=False)
-        stats.verify_s += time.perf_counter() - t
-        stats.target_calls += 1
+    with stats.timing("prefill_s"):
+        logits = target.forward(run.ids, all_logits=False)
     stats.target_calls += 1  # the prefill forward produced the first token's distribution
-    stats.wall_s = time.perf_counter() - start
-    stats.new_tokens = len(out.tokens) + (out.stop_reason == "eos")
-    stats.stop_reason = out.stop_reason
-    return GenerationResult(out.finish(), out.tokens, stats)
+    run.start()
+    while True:
+        with stats.timing("rule_s"):
+            tok = run.sample(sampling.process(logits[-1:, :width]))
+        if run.out.extend([tok]):
+            break
+        with stats.timing("verify_s"):
+            logits = target.forward([tok], all_logits=False)
+        stats.target_calls += 1
+    return run.result()
 
 
 def generate(
@@ -174,90 +198,88 @@ def generate(
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
     rule = get_rule(rule)
-    ids = _check_prompt(target, prompt_ids, max_new_tokens)
+    run = _Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma),
+                    max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
+    stats, out, ids = run.stats, run.out, run.ids
     _check_prompt(draft, ids, max_new_tokens)
     width = vocab_width or check_compatible(target, draft)
-    gen = torch.Generator().manual_seed(seed)
-    stats = Stats(mode="sd", rule=rule.spec(), gamma=gamma)
-    out = _Output(target, stop, _budget(target, len(ids), max_new_tokens, gamma))
 
     target.reset()
     draft.reset()
-    t0 = time.perf_counter()
-    if len(ids) > 1:
-        target.forward(ids[:-1], all_logits=False)
-        draft.forward(ids[:-1], all_logits=False)
-    stats.prefill_s = time.perf_counter() - t0
+    with stats.timing("prefill_s"):
+        if len(ids) > 1:
+            target.forward(ids[:-1], all_logits=False)
+            draft.forward(ids[:-1], all_logits=False)
     committed = len(ids)          # tokens in the sequence; the caches hold committed − 1
     pending = [ids[-1]]           # tokens the draft cache still has to see (pending first)
 
-    start = time.perf_counter()
+    run.start()
     while True:
         g = min(gamma, out.remaining - 1)
         if g < 1:
             # One token left: sample it from the target alone (bonus semantics).
-            t = time.perf_counter()
-            logits = target.forward(pending[-1:], all_logits=False)
-            stats.verify_s += time.perf_counter() - t
+            with stats.timing("verify_s"):
+                logits = target.forward(pending[-1:], all_logits=False)
             stats.target_calls += 1
-            t = time.perf_counter()
-            tok = int(sample_categorical(sampling.process(logits[:, :width]), gen)[0])
-            stats.rule_s += time.perf_counter() - t
+            with stats.timing("rule_s"):
+                tok = run.sample(sampling.process(logits[:, :width]))
             out.extend([tok])
             break
 
-        draft_tokens = torch.empty(g, dtype=torch.long)
-        q_rows = []
-        feed = pending
-        for i in range(g):
-            t = time.perf_counter()
-            logits = draft.forward(feed, all_logits=False)
-            t_mid = time.perf_counter()
-            q_i = sampling.process(logits[:, :width])
-            tok = sample_categorical(q_i, gen)
-            draft_tokens[i] = tok[0]
-            q_rows.append(q_i[0])
-            feed = [int(tok[0])]
-            stats.draft_s += t_mid - t
-            stats.rule_s += time.perf_counter() - t_mid
-        stats.draft_calls += g
-
-        t = time.perf_counter()
-        block = [pending[-1]] + draft_tokens.tolist()
-        target_logits = target.forward(block, all_logits=True)
-        stats.verify_s += time.perf_counter() - t
+        # 1. draft x_1..x_g
+        draft_tokens, q = _draft_block(draft, pending, g, sampling, width, run)
+        # 2. one target forward over [pending, x_1..x_g] -> p_1..p_{g+1}
+        with stats.timing("verify_s"):
+            target_logits = target.forward([pending[-1]] + draft_tokens.tolist(), all_logits=True)
         stats.target_calls += 1
-
-        t = time.perf_counter()
-        p = sampling.process(target_logits[:, :width])
-        q = torch.stack(q_rows)
-        n_acc, nxt = rule.verify(p[None], q[None], draft_tokens[None], generator=gen)
-        n = int(n_acc[0])
-        stats.rule_s += time.perf_counter() - t
+        # 3. verify -> n accepted drafts and the next token z
+        with stats.timing("rule_s"):
+            p = sampling.process(target_logits[:, :width])
+            n_acc, nxt = rule.verify(p[None], q[None], draft_tokens[None], generator=run.gen)
+            n = int(n_acc[0])
         stats.record_step(n, g)
         if observer is not None:
             observer(p, q, draft_tokens, n)
 
+        # 4. commit x_1..x_n, z and roll both caches back to committed − 1 tokens
         emitted = draft_tokens[:n].tolist() + [int(nxt[0])]
         if out.extend(emitted):
             break
         # Target cache holds committed − 1 + g + 1 tokens; keep up to x_n.
         target.rollback(committed + n)
         # Draft cache saw pending and x_1..x_{g−1}.
-        draft_kept = committed + min(n, g - 1)
-        draft.rollback(draft_kept)
+        draft.rollback(committed + min(n, g - 1))
         committed += n + 1
         # The draft has not seen z, nor x_g when the whole block was accepted.
         pending = emitted[-2:] if n == g else emitted[-1:]
-    stats.wall_s = time.perf_counter() - start
-    stats.new_tokens = len(out.tokens) + (out.stop_reason == "eos")
-    stats.stop_reason = out.stop_reason
+    result = run.result()
     if costs is not None:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
-    return GenerationResult(out.finish(), out.tokens, stats)
+    return result
 
 
-def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int, repeats: int = 5) -> CallCosts:
+def _draft_block(draft: Backend, pending: list[int], g: int, sampling: SamplingConfig, width: int,
+                 run: _Decoding) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample ``g`` draft tokens, feeding ``pending`` first. -> ``(tokens [g] int64, q [g, V])``."""
+    stats = run.stats
+    draft_tokens = torch.empty(g, dtype=torch.long)
+    q_rows = []
+    feed = pending
+    for i in range(g):
+        with stats.timing("draft_s"):
+            logits = draft.forward(feed, all_logits=False)
+        with stats.timing("rule_s"):
+            q_i = sampling.process(logits[:, :width])
+            tok = sample_categorical(q_i, run.gen)
+        draft_tokens[i] = tok[0]
+        q_rows.append(q_i[0])
+        feed = [int(tok[0])]
+    stats.draft_calls += g
+    return draft_tokens, torch.stack(q_rows)
+
+
+def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int,
+                  repeats: int = 5) -> CallCosts:
     """Median seconds of a draft 1-token forward, a target 1-token forward and a target (γ+1)-token
     forward, measured on this hardware after a prefill of ``prompt_ids``."""
     ids = [int(t) for t in prompt_ids]

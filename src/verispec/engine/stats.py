@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 
@@ -77,6 +78,10 @@ class Stats:
         steps = sum(self.accepted_hist)
         return sum(n * c for n, c in enumerate(self.accepted_hist)) / steps if steps else 0.0
 
+    def timing(self, name: str) -> "_Timer":
+        """``with stats.timing("verify_s"): ...`` adds the block's wall seconds to that field."""
+        return _Timer(self, name)
+
     def record_step(self, n_accepted: int, gamma: int) -> None:
         while len(self.accepted_hist) <= gamma:
             self.accepted_hist.append(0)
@@ -99,3 +104,20 @@ class Stats:
             mean_accepted=self.mean_accepted,
         )
         return out
+
+
+class _Timer:
+    """Context manager behind :meth:`Stats.timing` (a plain class: it runs several times per token)."""
+
+    __slots__ = ("stats", "name", "t0")
+
+    def __init__(self, stats: Stats, name: str) -> None:
+        if not name.endswith("_s") or not hasattr(stats, name):
+            raise ValueError(f"Stats has no timing field {name!r}; use one of prefill_s, draft_s, verify_s, rule_s")
+        self.stats, self.name = stats, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        setattr(self.stats, self.name, getattr(self.stats, self.name) + time.perf_counter() - self.t0)

@@ -21,6 +21,7 @@ __all__ = [
     "Backend",
     "check_compatible",
     "load_backend",
+    "load_pair",
     "LlamaBackend",
     "HFBackend",
     "EMBEDDED_MODELS",
@@ -75,6 +76,19 @@ def load_backend(
     from .hf import HFBackend
 
     return HFBackend(str(path) if path.is_dir() else text, device=device, dtype=dtype)
+
+
+def load_pair(settings: Any, need_draft: bool = True) -> tuple[Backend, Backend | None, int | None]:
+    """``(target, draft or None, shared vocabulary width or None)`` from any object with ``target``,
+    ``draft``, ``n_threads``, ``n_ctx``, ``device`` and ``dtype`` (a
+    :class:`~verispec.settings.ModelSettings`, a bench/diagnose config or parsed CLI flags).
+    Without ``need_draft`` only the target is loaded."""
+    kw = dict(n_threads=settings.n_threads, n_ctx=settings.n_ctx, device=settings.device, dtype=settings.dtype)
+    target = load_backend(settings.target, role="target", **kw)
+    if not need_draft:
+        return target, None, None
+    draft = load_backend(settings.draft, role="draft", **kw)
+    return target, draft, check_compatible(target, draft)
 
 
 def __getattr__(name: str):

@@ -44,7 +44,8 @@ class LlamaBackend:
 
     ``n_ctx``: context (KV cache) size in tokens = ``context_length``. ``n_threads``: decode threads
     (default: ``$VERISPEC_THREADS``, else all cores; on a machine busy with other work, 1 thread can be
-    much faster, since llama.cpp's threads synchronise at a spinning barrier after every op). ``n_batch``: the largest block decoded at once (longer inputs are split).
+    much faster, since llama.cpp's threads synchronise at a spinning barrier after every op).
+    ``n_batch``: the largest block decoded at once (longer inputs are split).
     ``seed``: llama.cpp RNG seed (unused by ``forward``; kept for reproducibility of anything sampled
     inside llama.cpp).
     """

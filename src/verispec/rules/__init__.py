@@ -1,8 +1,10 @@
 """Verification rules: a registry of spec strings shared by the API and the CLI.
 
 ``get("lenience:ell=0.5")`` returns a :class:`Rule`. Spec grammar: ``name[:param=value,...]``; the
-first parameters may also be given positionally (``lenience:0.5``). Unknown names or parameters,
-missing required ones and values out of range raise ``ValueError`` naming the valid choices.
+first parameters may also be given positionally (``lenience:0.5``). The settings after ``:`` follow
+the grammar of :mod:`verispec.params`, shared with ``SamplingConfig.parse``. Unknown names or
+parameters, missing required ones and values out of range raise ``ValueError`` naming the valid
+choices. :func:`split_specs` splits a comma-separated list of specs.
 
 =========== ============================================ =========================================
 family      spec                                         law / true baseline
@@ -18,17 +20,19 @@ cascade     ``cascade:rule=chow|…|token_v3,alpha``        π / p_A for token_v
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from verispec.rules.base import ExactTargetRule, PerTokenRule, Rule
+from verispec.params import Param, parse_settings
+from verispec.rules.base import ExactTargetRule, InducedForm, PerTokenRule, Rule
 from verispec.rules.block import BlockVerification
-from verispec.rules.collaborative import CeilingOnEnsemble, CeilingOnTarget, CosCD, CosWE, Lenience, make_ceiling
+from verispec.rules.collaborative import CeilingOnEnsemble, CosCD, CosWE, Lenience, make_ceiling
 from verispec.rules.hsd import HSD
 from verispec.rules.lossless import Greedy, Lossless
-from verispec.rules.params import Param
 from verispec.rules.truncation import Cascade, SpecCascade, Typical
 
-__all__ = ["Rule", "PerTokenRule", "ExactTargetRule", "get", "names", "REGISTRY", "help_text"]
+__all__ = [
+    "Rule", "PerTokenRule", "ExactTargetRule", "InducedForm", "get", "names", "split_specs", "REGISTRY", "help_text",
+]
 
 
 class _Entry:
@@ -59,7 +63,8 @@ def help_text() -> str:
     """One line per rule: spec syntax and meaning (for ``--help`` and error messages)."""
     lines = []
     for name, entry in REGISTRY.items():
-        syntax = name + (":" + ",".join(p.name + ("" if p.default is None else f"={p.default}") for p in entry.params) if entry.params else "")
+        params = ",".join(p.name + ("" if p.default is None else f"={p.default}") for p in entry.params)
+        syntax = name + (":" + params if entry.params else "")
         lines.append(f"  {syntax:<44} {entry.summary}")
     return "\n".join(lines)
 
@@ -71,33 +76,35 @@ def get(spec: str | Rule) -> Rule:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a rule spec must be a non-empty string; valid rules: {', '.join(names())}")
     name, _, body = spec.strip().partition(":")
-    name = name.strip().lower().replace("-", "_")
+    name = _rule_name(name)
     entry = REGISTRY.get(name)
     if entry is None:
         raise ValueError(f"unknown rule {name!r}; valid rules: {', '.join(names())}")
-    by_name = {p.name: p for p in entry.params}
-    values: dict[str, object] = {}
-    positional_open = True
-    for i, item in enumerate(x.strip() for x in body.split(",") if x.strip()):
-        key, eq, raw = item.partition("=")
-        if not eq:
-            if not positional_open or i >= len(entry.params):
-                raise ValueError(f"{name}: cannot place positional value {item!r}; write param=value with one of: {', '.join(by_name) or '(none)'}")
-            key, raw = entry.params[i].name, item
-        else:
-            positional_open = False
-            key = key.strip()
-        param = by_name.get(key)
-        if param is None:
-            valid = ", ".join(by_name) if by_name else "none (this rule takes no parameters)"
-            raise ValueError(f"{name}: unknown parameter {key!r}; valid parameters: {valid}")
-        if key in values:
-            raise ValueError(f"{name}: parameter {key!r} given twice")
-        values[key] = param.convert(name, raw.strip())
-    required = [p.name for p in entry.params if p.default is None and p.name not in values and p.name not in _OPTIONAL.get(name, ())]
+    values = parse_settings(body, entry.params, owner=name, positional=True)
+    optional = _OPTIONAL.get(name, ())
+    required = [p.name for p in entry.params if p.default is None and p.name not in values and p.name not in optional]
     if required:
         raise ValueError(f"{name}: missing required parameter(s) {', '.join(required)}; e.g. {_EXAMPLES[name]}")
     return entry.build(**values)
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a comma-separated list of rule specs, ``"lenience:ell=0.5,ceiling:kappa=2,base=we,lossless"``
+    -> ``["lenience:ell=0.5", "ceiling:kappa=2,base=we", "lossless"]``: a comma starts a new spec only
+    where the next item begins with a known rule name (parameters are comma-separated too)."""
+    specs: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if _rule_name(item.split(":", 1)[0]) in REGISTRY or not specs:
+            specs.append(item)
+        else:
+            specs[-1] += "," + item
+    return specs
+
+
+def _rule_name(text: str) -> str:
+    return text.strip().lower().replace("-", "_")
 
 
 #: Parameters without a default that may still be omitted (their meaning depends on other params).

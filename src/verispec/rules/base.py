@@ -17,6 +17,7 @@ Conventions (see ``shared/design/verification-rules.md`` §0):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -141,6 +142,36 @@ def check_pair(p: torch.Tensor, q: torch.Tensor | None) -> tuple[torch.Tensor, t
     return p, q
 
 
+@dataclass(frozen=True)
+class InducedForm:
+    """Which closed form a per-token rule's induced law has, with the knobs that determine it.
+
+    Code that reasons about the law without evaluating it (the compression-error bounds of
+    :mod:`verispec.diagnose.measures`) dispatches on this instead of on rule classes:
+
+    ===============  ===========================================================================
+    ``target``       ``P = reference = p`` (lossless)
+    ``argmax``       ``P = reference = δ_argmax p`` (greedy)
+    ``capped``       eq. (2.3) with ``ell``: ``P <= p/ℓ`` (lenience; the ceiling on p with ℓ = 1/κ)
+    ``mixture``      ``P = lam·p + (1 − lam)·q`` (CoS-WE; an allowed set holding every token: lam 0)
+    ``min_p_set``    ``P = q·1_A + (1 − q(A))·p``, ``A`` the min-p set of ``p_base``
+    ``eta_set``      the same with the η set of ``eps``, ``delta``
+    ``other``        none of the above (CoS-CD, ceilings on an ensemble, other cascades)
+    ===============  ===========================================================================
+
+    ``acceptance_is_set_mass``: for the set forms, whether ``β = q(A)`` (SpecCascade, typical) or
+    not (cascade ``token_v3``: ``β = 1 − d(π, q)``).
+    """
+
+    kind: str
+    ell: float | None = None
+    lam: float | None = None
+    p_base: float | None = None
+    eps: float | None = None
+    delta: float | None = None
+    acceptance_is_set_mass: bool = True
+
+
 class Rule:
     """A verification rule. Subclasses set ``name``, ``is_lossless`` and implement the methods.
 
@@ -152,11 +183,16 @@ class Rule:
     * ``acceptance_rate(p, q) -> [...]`` closed-form per-position acceptance probability
     * ``baseline_truncation() -> dict`` sampling fields (``min_p``, ``eta``, ``eta_delta``) that turn
       the sampling config into this rule's true baseline (empty: the plain target)
+    * ``induced_form() -> InducedForm`` which closed form its law has (see :class:`InducedForm`)
+
+    ``pointwise_acceptance``: ``h(x)`` depends on ``p(x)`` and ``q(x)`` alone (not on row statistics
+    such as ``max p`` or the entropy), so it can be evaluated exactly on coarsened rows.
     """
 
     name: ClassVar[str]
     is_lossless: ClassVar[bool] = False
     per_token: ClassVar[bool] = True
+    pointwise_acceptance: ClassVar[bool] = False
     family: ClassVar[str] = ""
 
     def __init__(self, **params: object) -> None:
@@ -206,6 +242,9 @@ class Rule:
     def baseline_truncation(self) -> dict[str, float]:
         return {}
 
+    def induced_form(self) -> InducedForm:
+        return InducedForm("other")
+
 
 class PerTokenRule(Rule):
     """A rule defined position by position by ``(h, r)``; the chain verifier is shared.
@@ -213,7 +252,9 @@ class PerTokenRule(Rule):
     Subclasses implement
       * ``accept_prob(p, q, px, qx) -> h``: ``p, q: [..., V]`` full rows (for row statistics such as
         ``max p`` or the entropy), ``px, qx: [..., K]`` the probabilities of the K tokens whose
-        acceptance is wanted (K = V for the closed forms, K = 1 in the chain verifier);
+        acceptance is wanted (K = V for the closed forms, K = 1 in the chain verifier) — or, when
+        ``h`` is read from a token set or index rather than from values (greedy, the truncation rules),
+        ``accept_prob_at`` and ``accept_prob_all`` directly;
       * ``residual(p, q) -> r: [..., V]`` the normalised rejection distribution;
       * ``closed_form(p, q)`` the rule's induced law written out as in the spec (not via eq. 0.1),
         and optionally ``closed_form_acceptance(p, q)``; the tests check both against the mechanism.

@@ -62,7 +62,8 @@ class BlockVerification(Rule):
         """``(w [B, G+1], s [B, G+1], residual mass R [B, G, V])`` of the block."""
         gamma = draft.shape[1]
         w = capped_joint_weights(p, q, draft)
-        residual_mass = positive_part(w[:, :gamma, None] * p[:, :gamma] - q)         # R_0..R_{G−1}: p_{i+1}, q_{i+1} are rows i
+        # R_0..R_{G−1}: p_{i+1}, q_{i+1} are rows i
+        residual_mass = positive_part(w[:, :gamma, None] * p[:, :gamma] - q)
         total = residual_mass.sum(-1)
         den = total + (1 - w[:, :gamma])
         s = torch.where(den > 0, total / torch.where(den > 0, den, torch.ones_like(den)), torch.ones_like(den))

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import torch
 
+from verispec.params import Param, in_range, one_of
 from verispec.rules.base import (
     ExactTargetRule,
+    InducedForm,
     PerTokenRule,
     check_pair,
     normalize_or,
@@ -32,12 +34,11 @@ from verispec.rules.base import (
     ratio,
     total_variation,
 )
-from verispec.rules.params import Param, in_range, one_of
 
-ELL = Param("ell", float, in_range(0, 1, lo_open=True), "0 < ell <= 1", "lenience ℓ (1 = lossless)")
-LAM = Param("lam", float, in_range(0, 1), "0 <= lam <= 1", "CoS-WE weight λ on the target", 0.5)
-MU = Param("mu", float, in_range(0, 1), "0 <= mu <= 1", "CoS-CD contrast strength μ", 0.1)
-KAPPA = Param("kappa", float, lambda v: v >= 1, "kappa >= 1", "ceiling κ on P/p (κ = 1/ℓ)")
+ELL = Param("ell", float, in_range(0, 1, lo_open=True), "a number with 0 < ell <= 1", "lenience ℓ (1 = lossless)")
+LAM = Param("lam", float, in_range(0, 1), "a number with 0 <= lam <= 1", "CoS-WE weight λ on the target", 0.5)
+MU = Param("mu", float, in_range(0, 1), "a number with 0 <= mu <= 1", "CoS-CD contrast strength μ", 0.1)
+KAPPA = Param("kappa", float, lambda v: v >= 1, "a number >= 1", "ceiling κ on P/p (κ = 1/ℓ)")
 BASE = Param("base", str, one_of("p", "we", "cd"), "one of p, we, cd", "collaborative base under the ceiling", "p")
 
 
@@ -48,9 +49,11 @@ def lossless_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 class Lenience(PerTokenRule):
     name = "lenience"
     family = "lenience"
+    pointwise_acceptance = True
     PARAMS = (ELL,)
 
     def __init__(self, ell: float) -> None:
+        ell = ELL.check(self.name, ell)   # built directly or from a spec: the same validation
         super().__init__(ell=ell)
         self.ell = ell
 
@@ -80,13 +83,18 @@ class Lenience(PerTokenRule):
         """``½ + 1/(2ℓ) − ½‖q − p/ℓ‖₁``."""
         return 0.5 + 0.5 / self.ell - 0.5 * (q - p / self.ell).abs().sum(-1)
 
+    def induced_form(self):
+        return InducedForm("capped", ell=self.ell)
+
 
 class CosWE(PerTokenRule):
     name = "cos_we"
     family = "cos_we"
+    pointwise_acceptance = True
     PARAMS = (LAM,)
 
     def __init__(self, lam: float = 0.5) -> None:
+        lam = LAM.check(self.name, lam)
         super().__init__(lam=lam)
         self.lam = lam
 
@@ -113,6 +121,9 @@ class CosWE(PerTokenRule):
     def closed_form_acceptance(self, p, q):
         return 1 - self.lam * total_variation(p, q)
 
+    def induced_form(self):
+        return InducedForm("mixture", lam=self.lam)
+
     def reference(self, p, q=None, *, own_target=False):
         if own_target:
             if q is None:
@@ -127,7 +138,8 @@ def contrastive_target(p: torch.Tensor, q: torch.Tensor, mu: float) -> torch.Ten
     big = torch.finfo(q.dtype).max
     q_floor = torch.where(q > 0, q, torch.full_like(q, big)).amin(-1, keepdim=True)
     q_tilde = torch.maximum(q, q_floor)
-    logits = torch.where(p > 0, p.clamp_min(torch.finfo(p.dtype).tiny).log() - mu * q_tilde.log(), torch.full_like(p, -torch.inf))
+    logits = torch.where(p > 0, p.clamp_min(torch.finfo(p.dtype).tiny).log() - mu * q_tilde.log(),
+                         torch.full_like(p, -torch.inf))
     return torch.softmax(logits, dim=-1)
 
 
@@ -137,6 +149,7 @@ class CosCD(ExactTargetRule):
     PARAMS = (MU,)
 
     def __init__(self, mu: float = 0.1) -> None:
+        mu = MU.check(self.name, mu)
         super().__init__(mu=mu)
         self.mu = mu
 
@@ -156,9 +169,13 @@ class CeilingOnTarget(PerTokenRule):
 
     name = "ceiling"
     family = "ceiling"
+    pointwise_acceptance = True
     PARAMS = (KAPPA, BASE)
 
     def __init__(self, kappa: float, base: str = "p") -> None:
+        kappa = KAPPA.check(self.name, kappa)
+        if base != "p":
+            raise ValueError(f"ceiling: CeilingOnTarget is the ceiling on base=p, got base={base!r}")
         super().__init__(kappa=kappa, base=base)
         self.kappa = kappa
 
@@ -181,6 +198,9 @@ class CeilingOnTarget(PerTokenRule):
         rejection = (1 - kept.sum(-1, keepdim=True)).clamp_min(0)
         return kept + rejection * normalize_or(positive_part(p - kept), p)
 
+    def induced_form(self):
+        return InducedForm("capped", ell=1.0 / self.kappa)   # lenience with ℓ = 1/κ (tested)
+
 
 class CeilingOnEnsemble(ExactTargetRule):
     """``ceiling:kappa,base=we|cd``: exact SD against ``π^κ = norm(min(π, κp))``."""
@@ -190,6 +210,9 @@ class CeilingOnEnsemble(ExactTargetRule):
     PARAMS = (KAPPA, BASE, LAM, MU)
 
     def __init__(self, kappa: float, base: str, lam: float | None = None, mu: float | None = None) -> None:
+        kappa = KAPPA.check(self.name, kappa)
+        lam = None if lam is None else LAM.check(self.name, lam)
+        mu = None if mu is None else MU.check(self.name, mu)
         if base == "we":
             if mu is not None:
                 raise ValueError("ceiling: base=we takes lam, not mu")
@@ -206,7 +229,8 @@ class CeilingOnEnsemble(ExactTargetRule):
 
     def describe(self) -> str:
         knob = f"λ={self.lam:g}" if self.base == "we" else f"μ={self.mu:g}"
-        return f"overshoot ceiling κ={self.kappa:g} on CoS-{self.base.upper()} ({knob}): exact SD against norm(min(π, κp))"
+        return (f"overshoot ceiling κ={self.kappa:g} on CoS-{self.base.upper()} ({knob}): "
+                "exact SD against norm(min(π, κp))")
 
     def base_target(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         if self.base == "we":

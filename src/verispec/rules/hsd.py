@@ -45,7 +45,7 @@ class HSD(Rule):
         # scale_k = P_k/(M_k Q_k): branch masses relative to Q_k.
         scale = torch.exp(log_pq - log_m)
         scale = torch.where(torch.isnan(scale), torch.zeros_like(scale), scale)
-        a_rel = scale[:, :gamma, None] * p[:, :gamma]                                  # A_k/Q_k  [B, G, V] (p_{k+1} is row k)
+        a_rel = scale[:, :gamma, None] * p[:, :gamma]      # A_k/Q_k  [B, G, V] (p_{k+1} is row k)
         b_rel = q                                                                      # B_k/Q_k
         d_plus = positive_part(a_rel - b_rel).sum(-1)
         d_minus = positive_part(b_rel - a_rel).sum(-1)

@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import torch
 
-from verispec.rules.base import PerTokenRule, check_pair, normalize_or, positive_part, ratio, total_variation
+from verispec.rules.base import (
+    InducedForm,
+    PerTokenRule,
+    check_pair,
+    normalize_or,
+    positive_part,
+    ratio,
+    total_variation,
+)
 
 
 class Lossless(PerTokenRule):
     name = "lossless"
     is_lossless = True
+    pointwise_acceptance = True
     family = "lossless"
 
     def describe(self) -> str:
@@ -34,6 +43,9 @@ class Lossless(PerTokenRule):
 
     def closed_form_acceptance(self, p, q):
         return 1 - total_variation(p, q)
+
+    def induced_form(self):
+        return InducedForm("target")
 
 
 def argmax_one_hot(p: torch.Tensor) -> torch.Tensor:
@@ -70,3 +82,6 @@ class Greedy(PerTokenRule):
     def reference(self, p, q=None, *, own_target=False):
         p, _ = check_pair(p, None)
         return argmax_one_hot(p)
+
+    def induced_form(self):
+        return InducedForm("argmax")

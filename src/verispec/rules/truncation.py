@@ -14,8 +14,10 @@
   ``α = 1 − p_base`` has exactly SpecCascade's law (tested) and the same true baseline ``p_A``;
   the other deferral rules are judged against the plain target ``p``.
 
-The allowed sets come from :mod:`verispec.sets`, the same functions the sampling warpers use, so
-each rule's ``reference`` is exactly what target-only sampling with the matching warper produces.
+The allowed sets come from :mod:`verispec.sets`, the same functions the sampling warpers use, and the
+acceptance test reads the same mask as the closed form: each rule's sampler, law and ``reference``
+agree with target-only sampling under the matching warper, ties included (the η set keeps only the
+first argmax when the maximum itself is below the threshold, which needs δ > 1).
 """
 
 from __future__ import annotations
@@ -25,24 +27,41 @@ import math
 import torch
 
 from verispec import sets
-from verispec.rules.base import ExactTargetRule, PerTokenRule, check_pair
-from verispec.rules.params import Param, in_range, one_of
+from verispec.params import Param, in_range, one_of
+from verispec.rules.base import ExactTargetRule, InducedForm, PerTokenRule, check_pair
 
-P_BASE = Param("p_base", float, in_range(0, 1), "0 <= p_base <= 1", "min-p fraction of max p")
-EPS = Param("eps", float, in_range(0, 1, lo_open=True), "0 < eps <= 1", "η-set ε")
-DELTA = Param("delta", float, lambda v: v > 0, "delta > 0", "η-set δ (default √ε)")
+P_BASE = Param("p_base", float, in_range(0, 1), "a number with 0 <= p_base <= 1", "min-p fraction of max p")
+EPS = Param("eps", float, in_range(0, 1, lo_open=True, hi_open=True),
+            "a number with 0 < eps < 1 (the range of η-sampling, its baseline)", "η-set ε")
+DELTA = Param("delta", float, lambda v: v > 0, "a number > 0", "η-set δ (default √ε)")
 CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
-CASCADE_RULE = Param("rule", str, one_of(*CASCADE_RULES), "one of " + ", ".join(CASCADE_RULES), "deferral rule", "token_v3")
-ALPHA = Param("alpha", float, lambda v: True, "a real number (chow/token_v3: [0, 1]; diff/token_v1/token_v2: [-1, 1])", "deferral knob α")
-_ALPHA_RANGE = {"chow": (0.0, 1.0), "token_v3": (0.0, 1.0), "diff": (-1.0, 1.0), "token_v1": (-1.0, 1.0), "token_v2": (-1.0, 1.0)}
+CASCADE_RULE = Param("rule", str, one_of(*CASCADE_RULES), "one of " + ", ".join(CASCADE_RULES), "deferral rule",
+                     "token_v3")
+ALPHA = Param("alpha", float, lambda v: True,
+              "a real number (chow/token_v3: [0, 1]; diff/token_v1/token_v2: [-1, 1])", "deferral knob α")
+_ALPHA_RANGE = {
+    "chow": (0.0, 1.0), "token_v3": (0.0, 1.0), "diff": (-1.0, 1.0), "token_v1": (-1.0, 1.0), "token_v2": (-1.0, 1.0),
+}
 
 
 class _AllowedSetRule(PerTokenRule):
-    """Accept iff the draft is in ``A(p)``; reject -> sample ``p``. Subclasses define ``allowed``."""
+    """Accept iff the draft is in ``A(p)``; reject -> sample ``p``. Subclasses define ``allowed``.
+
+    ``h`` is read from the same keep-mask as the closed form and the true baseline (a
+    :mod:`verispec.sets` function), so the sampler, the law and the baseline agree even on ties.
+    """
 
     def allowed(self, p: torch.Tensor) -> torch.Tensor:
         """Boolean keep-mask ``[..., V]`` of the allowed set."""
         raise NotImplementedError
+
+    def accept_prob_at(self, p, q, x):
+        idx = x.unsqueeze(-1)
+        inside = self.allowed(p).gather(-1, idx)[..., 0]
+        return (inside & (q.gather(-1, idx)[..., 0] > 0)).to(p.dtype)
+
+    def accept_prob_all(self, p, q):
+        return (self.allowed(p) & (q > 0)).to(p.dtype)
 
     def residual(self, p, q):
         return p
@@ -67,6 +86,7 @@ class SpecCascade(_AllowedSetRule):
     PARAMS = (P_BASE,)
 
     def __init__(self, p_base: float) -> None:
+        p_base = P_BASE.check(self.name, p_base)   # built directly or from a spec: the same validation
         super().__init__(p_base=p_base)
         self.p_base = p_base
 
@@ -76,8 +96,10 @@ class SpecCascade(_AllowedSetRule):
     def allowed(self, p):
         return sets.min_p_mask(p, self.p_base)
 
-    def accept_prob(self, p, q, px, qx):
-        return (px >= self.p_base * p.amax(-1, keepdim=True)).to(p.dtype)
+    def induced_form(self):
+        if self.p_base == 0:   # every draft token is accepted: P = q
+            return InducedForm("mixture", lam=0.0)
+        return InducedForm("min_p_set", p_base=self.p_base)
 
     def baseline_truncation(self):
         return {"min_p": self.p_base}
@@ -89,6 +111,8 @@ class Typical(_AllowedSetRule):
     PARAMS = (EPS, DELTA)
 
     def __init__(self, eps: float, delta: float | None = None) -> None:
+        eps = EPS.check(self.name, eps)
+        delta = None if delta is None else DELTA.check(self.name, delta)
         if delta is None:
             super().__init__(eps=eps)
         else:
@@ -97,15 +121,14 @@ class Typical(_AllowedSetRule):
         self.delta = math.sqrt(eps) if delta is None else delta
 
     def describe(self) -> str:
-        return f"typical acceptance ε={self.eps:g}, δ={self.delta:g}: accept iff p(x) >= min(ε, δ·exp(-H(p))), else sample p"
+        return (f"typical acceptance ε={self.eps:g}, δ={self.delta:g}: "
+                "accept iff p(x) >= min(ε, δ·exp(-H(p))), else sample p")
 
     def allowed(self, p):
         return sets.eta_mask(p, self.eps, self.delta)
 
-    def accept_prob(self, p, q, px, qx):
-        threshold = sets.eta_threshold(p, self.eps, self.delta)
-        is_max = px >= p.amax(-1, keepdim=True)
-        return ((px >= threshold) | is_max).to(p.dtype)
+    def induced_form(self):
+        return InducedForm("eta_set", eps=self.eps, delta=self.delta)
 
     def baseline_truncation(self):
         if "delta" in self.params:
@@ -141,9 +164,11 @@ class Cascade(ExactTargetRule):
     PARAMS = (CASCADE_RULE, ALPHA)
 
     def __init__(self, rule: str = "token_v3", alpha: float = 0.5) -> None:
+        rule, alpha = CASCADE_RULE.check(self.name, rule), ALPHA.check(self.name, alpha)
         lo_hi = _ALPHA_RANGE.get(rule)
         if lo_hi is not None and not lo_hi[0] <= alpha <= lo_hi[1]:
-            raise ValueError(f"cascade: alpha={alpha} is out of range for rule={rule}; expected {lo_hi[0]} <= alpha <= {lo_hi[1]}")
+            raise ValueError(f"cascade: alpha={alpha} is out of range for rule={rule}; "
+                             f"expected {lo_hi[0]} <= alpha <= {lo_hi[1]}")
         super().__init__(rule=rule, alpha=alpha)
         self.rule, self.alpha = rule, alpha
 
@@ -161,3 +186,11 @@ class Cascade(ExactTargetRule):
 
     def baseline_truncation(self):
         return {"min_p": 1 - self.alpha} if self.rule == "token_v3" else {}
+
+    def induced_form(self):
+        if self.rule != "token_v3":
+            return InducedForm("other")
+        if self.alpha == 1:    # T holds every token: π = q
+            return InducedForm("mixture", lam=0.0)
+        # SpecCascade's law with p_base = 1 − α, but β = 1 − d(π, q) rather than q(A)
+        return InducedForm("min_p_set", p_base=1 - self.alpha, acceptance_is_set_mass=False)

@@ -1,0 +1,430 @@
+"""Code answers, graded so that the graded code cannot forge its grade.
+
+code (HumanEval, HumanEval+, MBPP+)
+    The code is taken from the completion: the last fenced ```` ```python ```` (or unlabelled)
+    block that defines the entry point, else the first such block; with no fence, the
+    ``def entry_point`` found in the prose (with the imports above it, trailing prose dropped),
+    else the raw text (a HumanEval-style continuation of the prompt).  The solution is
+    ``prompt + code`` (the prompt's docstring-only stub is simply redefined when the code contains
+    the whole function).
+
+    The solution runs only in the sandbox (:func:`verispec.bench.sandbox.run_module`), in a
+    process (:mod:`.code_child`) that holds the solution and the inputs -- no tests, no expected
+    outputs, no reference solution, no verdict function or token.  It sends back each output
+    as plain data with exact types (:mod:`.code_child`'s codec: an object of any other class
+    arrives as an opaque value equal to nothing; outputs over 4 MiB as a digest of their
+    encoding, which must then match exactly), compared here.  Time limits are kept from
+    outside: the grader kills the run when a result is late, whatever the solution does to
+    its own signals and clocks.  ``truncated`` is not used: code is judged by running it.
+
+    * HumanEval+ / MBPP+: EvalPlus differential testing.  The canonical solution runs once per
+      task in its own sandboxed run on ``base_input + plus_input`` (MBPP+ inputs rebuilt with
+      EvalPlus's ``mbpp_deserialize_inputs``); its outputs and times are cached.  The candidate
+      then runs on the same inputs, each output compared as EvalPlus does (:mod:`.code_compare`),
+      with a per-input limit of ``max(1 s, 4 x reference time)``; the first failing input stops.
+    * HumanEval: the task's ``check(candidate)`` is run once with the canonical solution behind a
+      recording stub (sandboxed, cached), which yields the calls the test makes.  The candidate
+      runs on exactly those calls.  Outputs identical to the reference's pass; otherwise the
+      test's own assertions decide, re-run in a third sandboxed process where ``candidate``
+      answers each call with the candidate's recorded plain output (so tolerances and
+      several-valid-answer tests keep their meaning).  Limitations: a test that calls the
+      candidate with arguments built from an earlier *different* answer fails (the reference
+      never made that call), and helpers the prompt defines are the prompt's own.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..sandbox import run_module
+from . import code_child
+from .base import CheckResult
+from .code_child import decode, digest, encode
+from .code_compare import Digest, expected_output, mbpp_deserialize_inputs, same_output
+
+_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n", re.MULTILINE)
+_PY_LANGS = {"python", "py", "python3", "py3", ""}
+
+
+def _code_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` for each fenced block; an unclosed last fence runs to the end."""
+    blocks = []
+    pos = 0
+    while True:
+        m = _FENCE_RE.search(text, pos)
+        if not m:
+            break
+        lang = m.group(1).lower()
+        end = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE).search(text, m.end())
+        if end is None:
+            blocks.append((lang, text[m.end() :]))
+            break
+        blocks.append((lang, text[m.end() : end.start()]))
+        pos = end.end()
+    return blocks
+
+
+def extract_code(completion: str, entry_point: str | None = None) -> str:
+    """The code in a completion (see the module docstring for the rule)."""
+    blocks = [b for lang, b in _code_blocks(completion) if lang in _PY_LANGS]
+    if not blocks:
+        return _salvage_unfenced(completion, entry_point)
+    if entry_point:
+        pat = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE)
+        defining = [b for b in blocks if pat.search(b)]
+        if defining:
+            return defining[-1]
+    return blocks[0]
+
+
+def _parses(src: str) -> bool:
+    try:
+        ast.parse(src)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _salvage_unfenced(text: str, entry_point: str | None) -> str:
+    """No code fence: the raw text if it parses (code, or a HumanEval-style continuation), else
+    the code around ``def entry_point`` inside prose.
+
+    In the second case the code runs from the furthest top-level statement above the ``def``
+    from which everything still parses (imports, helpers) to the longest following stretch that
+    parses (trailing prose dropped).
+    """
+    if not entry_point or _parses(text) or _parses("def _f():\n" + text):
+        return text
+    lines = text.splitlines(keepends=True)
+    pat = re.compile(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(")
+    idx = next((i for i, ln in enumerate(lines) if pat.match(ln)), None)
+    if idx is None:
+        return text
+    end = None
+    for e in range(len(lines), idx, -1):
+        if _parses("".join(lines[idx:e])):
+            end = e
+            break
+        if len(lines) - e > 300:
+            break
+    if end is None:
+        return "".join(lines[idx:])
+    start = idx
+    for s in range(idx - 1, max(-1, idx - 300), -1):
+        line = lines[s]
+        if not line.strip() or line[0] in " \t":
+            continue  # only top-level statements can start the chunk
+        if not _parses("".join(lines[s:end])):
+            break
+        start = s
+    return "".join(lines[start:end])
+
+
+def build_code_program(prompt: str, completion: str, entry_point: str) -> tuple[str, str]:
+    """``(solution source, extracted code)``: ``prompt + code`` (see the module docstring)."""
+    code = extract_code(completion, entry_point)
+    if not prompt.endswith("\n"):
+        prompt += "\n"
+    pat = re.compile(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE)
+    if pat.search(code) or code.lstrip().startswith(("import ", "from ", "def ", "class ", "@")):
+        return prompt + "\n" + code + "\n", code  # whole function(s): redefine the prompt's stub
+    return prompt + code + "\n", code  # a continuation of the prompt (function body)
+
+
+# ------------------------------------------------------------------------------ sandbox runs
+_CHILD = Path(code_child.__file__).resolve()
+#: Wall-clock limit of a one-off reference run (canonical solution) of a task.
+REFERENCE_TIMEOUT_S = 300.0
+#: Memory limit of EvalPlus runs (EvalPlus itself uses 4 GiB); HumanEval runs get 1 GiB.
+EVALPLUS_MEMORY_MB = 4096
+HUMANEVAL_MEMORY_MB = 1024
+#: Per-input time limit of EvalPlus: max(MIN_CALL_S, CALL_FACTOR x the reference's time).
+MIN_CALL_S, CALL_FACTOR = 1.0, 4.0
+#: Slack on every per-input deadline for the report's trip through the pipe.
+REPORT_SLACK_S = 0.25
+#: Disk (tmpfs) for the run directory of code runs: inputs of some MBPP+ tasks are large.
+CODE_DISK_MB = 256
+
+
+@dataclass
+class _Run:
+    """What an ``outputs`` run of :mod:`.code_child` reported: one result per call, in order."""
+
+    results: list[dict] = field(default_factory=list)  # {"out": encoded} | {"raised": str}
+    times: list[float] = field(default_factory=list)  # the child's own clock (trusted code only)
+    load_error: str | None = None
+    failure: str | None = None  # why the run was judged failing (by ``judge``) or broke protocol
+    failed_at: int | None = None  # the call it failed on
+    status: str = ""
+    stderr: str = ""
+
+
+def _read_line(line: str) -> dict | None:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _outputs_run(solution: str, entry: str, calls: list[dict], *, timeout_s: float, memory_mb: int,
+                 limits: list[float] | None = None, judge=None) -> _Run:
+    """Run ``solution``'s ``entry`` on ``calls`` in the sandbox, one reported result per call.
+
+    ``limits[i]``: seconds allowed for call ``i`` (kept from outside, from the previous report
+    line); ``judge(i, result) -> None | str`` says why result ``i`` fails, which stops the run.
+    """
+    run = _Run()
+    n = len(calls)
+    ready = [False]
+
+    def deadline(i: int) -> float:
+        if i >= n:
+            return 2.0  # time to exit after the last result
+        return limits[i] + REPORT_SLACK_S if limits else timeout_s
+
+    def on_report(line: str):
+        obj = _read_line(line)
+        if obj is None:
+            run.failure = "malformed report line from the solution's process"
+            return None
+        if not ready[0]:
+            if "load_error" in obj:
+                run.load_error = str(obj["load_error"])[:500]
+                return None
+            if obj.get("ready") is not True:
+                run.failure = "malformed report: results before the solution was loaded"
+                return None
+            ready[0] = True
+            return deadline(0)
+        i = len(run.results)
+        kinds = [k for k in ("out", "raised", "digest") if k in obj]
+        if i >= n or obj.get("i") != i or len(kinds) != 1:
+            run.failure = f"malformed report for call #{i}"
+            return None
+        res = {kinds[0]: obj[kinds[0]] if kinds[0] == "out" else str(obj[kinds[0]])[:500]}
+        run.results.append(res)
+        t = obj.get("t")
+        run.times.append(float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0)
+        if judge is not None:
+            why = judge(i, res)
+            if why:
+                run.failure, run.failed_at = why, i
+                return None
+        return deadline(i + 1)
+
+    files = {"solution.py": solution, "calls.json": json.dumps({"entry": entry, "calls": calls})}
+    res = run_module(_CHILD, ["outputs", "solution.py", "calls.json"], files=files, timeout_s=timeout_s,
+                     memory_mb=memory_mb, max_disk_mb=CODE_DISK_MB, on_report=on_report,
+                     first_report_s=timeout_s)
+    run.status, run.stderr = res.status, res.stderr
+    if run.failure is None and run.load_error is None and len(run.results) < n:
+        k = run.failed_at = len(run.results)
+        if res.status == "timeout":
+            limit = f" ({limits[k]:.2f}s)" if limits and ready[0] else ""
+            run.failure = f"timeout: time limit{limit} exceeded" + (f" on input #{k}" if ready[0] else " while loading")
+        else:
+            tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
+            run.failure = (f"the solution's process ended ({res.status}, rc={res.returncode}) "
+                           f"after {k} of {n} inputs {tail}").strip()
+    return run
+
+
+def _value(res: dict):
+    """The output a result stands for: decoded plain data, or a :class:`Digest` of a big one."""
+    return Digest(res["digest"]) if "digest" in res else decode(res["out"])
+
+
+def _reference_key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_REF_CACHE: dict[str, object] = {}
+_REF_LOCKS: dict[str, threading.Lock] = {}
+_REF_GLOBAL_LOCK = threading.Lock()
+
+
+def _cached(key: str, compute):
+    """``compute()`` once per key (per process); failures of the sandbox itself are not cached."""
+    with _REF_GLOBAL_LOCK:
+        lock = _REF_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key in _REF_CACHE:
+            return _REF_CACHE[key]
+        value, cacheable = compute()
+        if cacheable:
+            _REF_CACHE[key] = value
+        return value
+
+
+# ------------------------------------------------------------------------------ EvalPlus
+@dataclass
+class _EvalPlusRef:
+    calls: list[dict]
+    inputs: list  # decoded (as the candidate receives them), for the special oracles
+    expected: list  # decoded reference outputs, already mapped by ``expected_output``
+    limits: list[float]
+    error: str | None = None
+
+
+def _evalplus_reference(ans: dict, task_id: str) -> _EvalPlusRef:
+    flavour, entry = ans.get("flavour", "humaneval"), ans["entry_point"]
+    raw = list(ans.get("base_input") or []) + list(ans.get("plus_input") or [])
+
+    def compute():
+        inputs = mbpp_deserialize_inputs(task_id, raw) if flavour == "mbpp" else raw
+        calls = [{"args": encode(list(inp)), "kwargs": encode({})} for inp in inputs]
+        solution = ans["prompt"] + ans["canonical_solution"]
+        run = _outputs_run(solution, entry, calls, timeout_s=REFERENCE_TIMEOUT_S, memory_mb=EVALPLUS_MEMORY_MB)
+        why = run.load_error or run.failure
+        if why is None:
+            bad = next((i for i, r in enumerate(run.results) if "raised" in r), None)
+            why = None if bad is None else f"input #{bad}: {run.results[bad]['raised']}"
+        if why is not None:
+            err = f"reference solution failed: {why}"
+            return _EvalPlusRef(calls, inputs, [], [], err), run.status != "error"
+        expected = [expected_output(flavour, entry, _value(r)) for r in run.results]
+        limits = [max(MIN_CALL_S, CALL_FACTOR * t) for t in run.times]
+        return _EvalPlusRef(calls, [decode(c["args"]) for c in calls], expected, limits), True
+
+    return _cached(_reference_key("evalplus", task_id, flavour, entry, ans["prompt"], ans["canonical_solution"], raw),
+                   compute)
+
+
+def _grade_evalplus(ans: dict, task_id: str, program: str, code: str, timeout_s: float) -> CheckResult:
+    ref = _evalplus_reference(ans, task_id)
+    if ref.error:
+        return CheckResult(False, code, ref.error)
+    flavour, entry = ans.get("flavour", "humaneval"), ans["entry_point"]
+    atol = float(ans.get("atol") or 0)
+    n, n_base = len(ref.calls), len(ans.get("base_input") or [])
+
+    def judge(i: int, res: dict):
+        if "raised" in res:
+            return res["raised"]
+        try:
+            out = _value(res)
+        except (ValueError, TypeError, RecursionError) as e:
+            return f"unreadable output: {e}"
+        return None if same_output(flavour, entry, atol, out, ref.expected[i], ref.inputs[i]) else "wrong output"
+
+    # EvalPlus: per input max(1 s, 4 x reference time); the whole run up to the sum of those
+    # limits + 2 s (EvalPlus also caps it at 61 s; not done here, so a solution as fast as the
+    # reference still passes on a loaded machine).  timeout_s is a floor.
+    total = max(timeout_s, sum(ref.limits) + 2.0)
+    run = _outputs_run(program, entry, ref.calls, timeout_s=total, memory_mb=EVALPLUS_MEMORY_MB,
+                       limits=ref.limits, judge=judge)
+    if run.load_error:
+        return CheckResult(False, code, f"failed at load; {run.load_error}")
+    if run.failure:
+        i = len(run.results) if run.failed_at is None else run.failed_at
+        stage = "base" if i < n_base else "plus"
+        inp = repr(ref.inputs[i])[:300] if i < n else ""
+        return CheckResult(False, code, f"failed at {stage}; input #{i} of {n}; {run.failure}; input {inp}")
+    return CheckResult(True, code, f"passed ({n} inputs)")
+
+
+# ------------------------------------------------------------------------------ HumanEval
+@dataclass
+class _HumanEvalRef:
+    calls: list[dict]
+    results: list[dict]
+    error: str | None = None
+
+
+def _humaneval_reference(ans: dict) -> _HumanEvalRef:
+    """Record the calls the task's ``check(candidate)`` makes, against the canonical solution."""
+
+    def compute():
+        calls, results, end = [], [], {}
+
+        def on_report(line: str):
+            obj = _read_line(line)
+            if obj is None:
+                end["error"] = "malformed report"
+                return None
+            if "i" in obj:
+                calls.append({"args": obj.get("args"), "kwargs": obj.get("kwargs")})
+                results.append({"out": obj["out"]} if "out" in obj else {"raised": str(obj.get("raised"))})
+                return REFERENCE_TIMEOUT_S
+            end.update(obj)
+            return 2.0
+
+        files = {"solution.py": ans["prompt"] + ans.get("canonical_solution", ""), "test.py": ans["test"]}
+        res = run_module(_CHILD, ["record", "solution.py", "test.py", ans["entry_point"]], files=files,
+                         timeout_s=REFERENCE_TIMEOUT_S, memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
+                         on_report=on_report, first_report_s=REFERENCE_TIMEOUT_S)
+        if end.get("done") is True and calls:
+            return _HumanEvalRef(calls, results), True
+        why = end.get("error") or ("the test never called the candidate" if end.get("done") else
+                                   f"sandbox status {res.status}: {res.stderr[-300:]}")
+        return _HumanEvalRef([], [], f"reference run failed: {why}"), res.status != "error"
+
+    key = _reference_key("humaneval", ans["entry_point"], ans["prompt"], ans.get("canonical_solution"), ans["test"])
+    return _cached(key, compute)
+
+
+def _digest_of(res: dict) -> str:
+    return res["digest"] if "digest" in res else digest(decode(res["out"]))[0]
+
+
+def _same_result(a: dict, b: dict) -> bool:
+    """Identical outputs (exact encoding; big ones by digest), or the same exception type."""
+    if "raised" in a or "raised" in b:
+        return "raised" in a and "raised" in b and a["raised"].split(":")[0] == b["raised"].split(":")[0]
+    try:
+        if "digest" in a or "digest" in b:
+            return _digest_of(a) == _digest_of(b)
+        return json.dumps(a["out"]) == json.dumps(b["out"])
+    except (ValueError, TypeError, RecursionError):
+        return False  # not identical; the test's own assertions decide
+
+
+def _grade_humaneval(ans: dict, program: str, code: str, timeout_s: float) -> CheckResult:
+    ref = _humaneval_reference(ans)
+    if ref.error:
+        return CheckResult(False, code, ref.error)
+    entry, n = ans["entry_point"], len(ref.calls)
+    run = _outputs_run(program, entry, ref.calls, timeout_s=timeout_s, memory_mb=HUMANEVAL_MEMORY_MB)
+    if run.load_error:
+        return CheckResult(False, code, f"failed at load; {run.load_error}")
+    if run.failure:
+        return CheckResult(False, code, f"failed at test; {run.failure}")
+    if all(_same_result(a, b) for a, b in zip(run.results, ref.results)):
+        return CheckResult(True, code, f"passed ({n} test calls, outputs identical to the reference)")
+    # Outputs differ from the reference's: the task's own assertions decide (tolerances,
+    # several valid answers), evaluated on the candidate's plain outputs in a separate run.
+    verdict: dict = {}
+
+    def on_report(line: str):
+        verdict.update(_read_line(line) or {"passed": False, "error": "malformed report"})
+        return 2.0
+
+    files = {"prompt.py": ans["prompt"], "test.py": ans["test"],
+             "calls.json": json.dumps({"entry": entry, "calls": ref.calls}), "results.json": json.dumps(run.results)}
+    res = run_module(_CHILD, ["replay", "prompt.py", "test.py", "calls.json", "results.json"], files=files,
+                     timeout_s=max(timeout_s, 10.0), memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
+                     on_report=on_report, first_report_s=max(timeout_s, 10.0))
+    if verdict.get("passed") is True:
+        return CheckResult(True, code, f"passed ({n} test calls)")
+    why = verdict.get("error") or f"sandbox status {res.status}: {res.stderr[-300:]}"
+    return CheckResult(False, code, f"failed at test; {why}")
+
+
+def grade(problem, completion: str, timeout_s: float = 10.0, *, truncated: bool = False) -> CheckResult:
+    """Grade a code completion (``truncated`` is not used: code is judged by running it)."""
+    ans = problem.answer
+    if not isinstance(ans, dict) or "entry_point" not in ans or "prompt" not in ans:
+        return CheckResult(False, None, "problem.answer is not a code-task dict")
+    program, code = build_code_program(ans["prompt"], completion, ans["entry_point"])
+    if ans.get("kind") == "evalplus":
+        return _grade_evalplus(ans, ans.get("task_id", problem.id), program, code, timeout_s)
+    if "test" not in ans:
+        return CheckResult(False, code, "problem.answer has no 'test'")
+    return _grade_humaneval(ans, program, code, timeout_s)

@@ -1,0 +1,95 @@
+"""Command-line flags shared by ``generate``, ``bench`` and ``diagnose``, in one place.
+
+Each group fills the settings of the same name (:class:`~verispec.settings.ModelSettings`,
+:class:`~verispec.settings.DataSettings`), so a flag, a sweep-file key and a config field are spelled
+alike. Parsers built after :func:`track_explicit` remember which flags were *given* (not merely left
+at their default): a sweep file is overridden by exactly the flags on the command line, including a
+flag given at its default value.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+
+from verispec.bench.checkers import CHECKERS
+from verispec.settings import ModelSettings
+
+_EXPLICIT = "_explicit_flags"
+
+
+def _tracking(base: type[argparse.Action]) -> type[argparse.Action]:
+    class Tracked(base):  # type: ignore[misc, valid-type]
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            given = getattr(namespace, _EXPLICIT, None)
+            if given is None:
+                given = set()
+                setattr(namespace, _EXPLICIT, given)   # copied to the parent namespace by subparsers
+            given.add(self.dest)
+
+    Tracked.__name__ = f"Tracked{base.__name__}"
+    return Tracked
+
+
+_TRACKED = {
+    "store": _tracking(argparse._StoreAction),
+    "store_true": _tracking(argparse._StoreTrueAction),
+    "store_false": _tracking(argparse._StoreFalseAction),
+    "append": _tracking(argparse._AppendAction),
+}
+
+
+def track_explicit(parser: argparse.ArgumentParser) -> None:
+    """Make the arguments added to ``parser`` from now on record their ``dest`` when given (see
+    :func:`explicit`)."""
+    for name, action in _TRACKED.items():
+        parser.register("action", name, action)
+    parser.register("action", None, _TRACKED["store"])
+
+
+def explicit(args: argparse.Namespace) -> frozenset[str]:
+    """The ``dest`` of every tracked flag given on the command line."""
+    return frozenset(getattr(args, _EXPLICIT, ()))
+
+
+def add_model_flags(ap: argparse.ArgumentParser) -> None:
+    d = ModelSettings()
+    ap.add_argument("--target", default=d.target,
+                    help="target model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-1.5B)")
+    ap.add_argument("--draft", default=d.draft,
+                    help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B)")
+    ap.add_argument("--n-threads", type=int, default=d.n_threads, help="llama.cpp threads (default: all cores)")
+    ap.add_argument("--n-ctx", type=int, default=d.n_ctx, help="context length for llama.cpp models")
+    ap.add_argument("--device", default=d.device, help="device for transformers models (cpu, cuda, ...)")
+    ap.add_argument("--dtype", default=d.dtype,
+                    help="dtype for transformers models (float32, bfloat16, float16, float64)")
+
+
+def add_decoding_flags(ap: argparse.ArgumentParser) -> None:
+    """``--sampling``, ``--gamma``, ``--max-new-tokens``, ``--seed`` with the defaults of ``generate``
+    (``bench`` and ``diagnose`` reset the first three to ``None``: their configs hold the defaults)."""
+    ap.add_argument("--sampling", default="temperature=1",
+                    help="sampling pipeline, e.g. temperature=0.7,top_p=0.8,top_k=20 (temperature=0: greedy)")
+    ap.add_argument("--gamma", type=int, default=5, help="draft tokens per target call γ (>= 1)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def add_dataset_flags(ap: argparse.ArgumentParser, dataset_help: str) -> None:
+    """The dataset-source flags shared by ``bench`` and ``diagnose`` (their own ``--limit``/``--offset``
+    carry their own defaults)."""
+    ap.add_argument("--dataset", action="append", default=None, help=dataset_help)
+    ap.add_argument("--data-dir", default=None,
+                    help="folder with the offline datasets "
+                    "(default: $VERISPEC_DATA, else ~/.local/share/verispec/data)")
+    ap.add_argument("--question-field", default=None)
+    ap.add_argument("--answer-field", default=None)
+    ap.add_argument("--id-field", default=None)
+    ap.add_argument("--checker", default=None, choices=list(CHECKERS))
+    ap.add_argument("--on-bad-row", default="skip", choices=["skip", "error"])
+
+
+def dataset_list(values: Iterable[str]) -> list[str]:
+    """``--dataset`` values, each possibly comma-separated, as one list."""
+    return [d.strip() for item in values for d in item.split(",") if d.strip()]
