@@ -413,23 +413,34 @@ def test_deep_directory_chain_is_cleaned_up(namespaces, monkeypatch):
 
 
 def test_host_files_are_invisible(info):
+    """Only the OS's /usr (and /bin, /lib* links), the interpreter's prefixes and the run's own
+    directories exist inside; a prefix under /tmp (a venv in a checkout there) shows its own path
+    and nothing else of /tmp."""
+    from verispec.bench.sandbox import runner
+
     _needs(info, "mountns", "a minimal root")
     other = Path(tempfile.mkdtemp(prefix="verispec-sbx-test-other-"))
     (other / "prog.py").write_text("SECRET = 1\n")
     os.chmod(other, 0o755)
     os.chmod(other / "prog.py", 0o644)
-    targets = [REPO / "README.md", REPO / "src", REPO.parent / "shared", other / "prog.py", Path("/etc/passwd"),
-               Path(tempfile.gettempdir())]
+    targets = [REPO / "README.md", REPO / "src", REPO.parent / "shared", other / "prog.py", Path("/etc/passwd")]
+    tmp = tempfile.gettempdir()
+    exposed = runner._expose_paths(runner._python_for_sandbox())
+    # what the exposed prefixes alone put at the top of the root and inside the temp directory
+    tops = {Path(e).parts[1] for e in exposed}
+    under_tmp = {Path(e).relative_to(tmp).parts[0] for e in exposed if Path(e).is_relative_to(tmp)}
     try:
-        prog = ("import os\nfor p in %r:\n    print(p, os.path.exists(p))\nprint(sorted(os.listdir('/')))"
-                % [str(t) for t in targets])
+        paths = [str(t) for t in targets]
+        prog = (f"import os\nfor p in {paths!r}:\n    print(p, os.path.exists(p))\n"
+                f"print(sorted(os.listdir({tmp!r})) if os.path.isdir({tmp!r}) else [])\n"
+                "print(sorted(os.listdir('/')))")
         r = run_python(prog)
         assert r.status == "passed", r
         lines = r.stdout.splitlines()
-        assert all(line.endswith(" False") for line in lines[:-1]), r.stdout
-        # the interpreter's prefix only
+        assert all(line.endswith(" False") for line in lines[:-2]), r.stdout
+        assert set(eval(lines[-2])) <= under_tmp, (lines[-2], exposed)
         assert set(eval(lines[-1])) <= {"bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin",
-                                        "usr", "root", "work", "home", "opt"}, lines[-1]
+                                        "usr"} | tops, (lines[-1], exposed)
     finally:
         (other / "prog.py").unlink()
         other.rmdir()
