@@ -3,6 +3,7 @@
   verispec demo                      rules on an illustrative (p, q): acceptance, TV, overshoot, ceiling
   verispec rules                     every rule spec with its meaning
   verispec generate ...              one generation (SD with a rule, or --baseline target-only)
+  verispec calibrate ...             measure this machine's call costs for a model pair (cached)
   verispec bench ...                 diagnostic evaluation: rules beside their true baselines
   verispec report DIR                the report of a bench directory
   verispec regrade DIR [--write]     re-check a bench directory's stored outputs with today's checkers
@@ -54,22 +55,29 @@ def _stats_table(stats, baseline: bool) -> str:
         ("tokens/s", f"{d['tokens_per_s']:.2f}"),
         ("stop reason", d["stop_reason"]),
     ]
+    if not baseline:
+        hist = d.get("gamma_hist") or []
+        rows.insert(3, (f"draft length γ ({d.get('gamma_policy') or 'fixed'})",
+                        f"mean {d.get('mean_gamma', 0.0):.2f}, steps per γ = 0..{len(hist) - 1}: {hist}"))
     if d.get("cost_model_speedup") is not None:
-        rows.append(("cost-model speedup BE/(γc+v(γ))", f"{d['cost_model_speedup']:.3f}"))
+        rows.append(("cost-model speedup (tokens / Σ γc+v(γ))", f"{d['cost_model_speedup']:.3f}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
 def cmd_generate(args) -> int:
     import verispec.rules as R
-    from verispec.engine import generate, generate_target_only, measure_costs
+    from verispec.engine import cached_profile, generate, generate_target_only
+    from verispec.engine.costs import DEFAULT_G_MAX
     from verispec.models import load_pair
     from verispec.sampling import SamplingConfig
 
     sampling = SamplingConfig.parse(args.sampling)
     rule = R.get(args.rule)
-    if args.gamma < 1:
-        raise ValueError(f"--gamma must be >= 1, got {args.gamma}")
+    if args.gamma != "auto" and args.gamma < 1:
+        raise ValueError(f"--gamma must be >= 1 or auto, got {args.gamma}")
+    if args.gamma == "auto" and args.no_cost_model:
+        raise ValueError("--gamma auto chooses γ from the cost model: drop --no-cost-model")
     target, draft, width = load_pair(args, need_draft=not args.baseline)
     if args.no_chat:
         prompt_ids = target.tokenize(args.prompt, add_special=True)
@@ -80,7 +88,12 @@ def cmd_generate(args) -> int:
         result = generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=args.max_new_tokens,
                                       stop=args.stop, seed=args.seed)
     else:
-        costs = measure_costs(target, draft, prompt_ids, args.gamma) if not args.no_cost_model else None
+        costs = None
+        if not args.no_cost_model:
+            g_max = DEFAULT_G_MAX if args.gamma == "auto" else max(DEFAULT_G_MAX, args.gamma)
+            costs, measured = cached_profile(target, draft, prompt_ids, n_threads=args.n_threads, g_max=g_max)
+            if measured and not args.json:
+                print("(measured this machine's call costs once; cached for the next runs)", file=sys.stderr)
         result = generate(
             target, draft, prompt_ids, rule=rule, sampling=sampling, gamma=args.gamma,
             max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, vocab_width=width, costs=costs,
@@ -96,6 +109,28 @@ def cmd_generate(args) -> int:
         label = f"target-only ({setting})" if args.baseline else f"{rule.spec()} γ={args.gamma} ({setting})"
         print(f"\n--- {label}", file=sys.stderr)
         print(_stats_table(result.stats, args.baseline), file=sys.stderr)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from verispec.engine import best_gamma, cached_profile
+    from verispec.engine.costs import DEFAULT_G_MAX
+    from verispec.models import load_pair
+
+    g_max = DEFAULT_G_MAX if args.g_max is None else args.g_max
+    if g_max < 1:
+        raise ValueError(f"--g-max must be >= 1, got {g_max}")
+    target, draft, _ = load_pair(args)
+    prompt = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
+    prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True)
+    pair = prof.draft_pair or prof.draft_token
+    print(f"draft forward of 1 / 2 tokens {1e3 * prof.draft_token:.1f} / {1e3 * pair:.1f} ms, target token "
+          f"{1e3 * prof.target_token:.1f} ms, c = {prof.c:.3f}, sampling per row {1e3 * prof.row_s:.2f} ms")
+    print("v(γ) = " + ", ".join(f"{g}: {prof.v(g):.2f}" for g in range(1, prof.g_max + 1)))
+    alphas = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+    print("best γ by per-position acceptance α: " + ", ".join(
+        f"α={a}: {best_gamma(prof, a)}" for a in alphas) + "  (0: target-only is faster)")
+    print(f"identity: {prof.identity}")
     return 0
 
 
@@ -125,8 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip measuring per-call costs for the cost-model speedup")
     flags.add_model_flags(p)
-    flags.add_decoding_flags(p)
+    flags.add_decoding_flags(p, allow_auto_gamma=True)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("calibrate", help="measure this machine's call costs for a model pair (cached; used by "
+                       "--gamma auto and the cost-model speedup)")
+    p.add_argument("--g-max", type=int, default=None, help="longest draft measured (default 8)")
+    flags.add_model_flags(p)
+    p.set_defaults(func=cmd_calibrate)
 
     _add_bench_parsers(sub)
     return ap

@@ -66,12 +66,27 @@ def add_model_flags(ap: argparse.ArgumentParser) -> None:
                     help="dtype for transformers models (float32, bfloat16, float16, float64)")
 
 
-def add_decoding_flags(ap: argparse.ArgumentParser) -> None:
+def gamma_value(text: str, allow_auto: bool) -> int | str:
+    """``--gamma``: an integer >= 1, or ``auto`` where the command allows it."""
+    if text.strip().lower() == "auto":
+        if allow_auto:
+            return "auto"
+        raise argparse.ArgumentTypeError("'auto' is available in `verispec generate`; this command needs a fixed γ")
+    try:
+        return int(text)  # the range is checked by the command, with its own message
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"γ must be an integer >= 1{' or auto' if allow_auto else ''}, "
+                                         f"got {text!r}") from None
+
+
+def add_decoding_flags(ap: argparse.ArgumentParser, *, allow_auto_gamma: bool = False) -> None:
     """``--sampling``, ``--gamma``, ``--max-new-tokens``, ``--seed`` with the defaults of ``generate``
     (``bench`` and ``diagnose`` reset the first three to ``None``: their configs hold the defaults)."""
     ap.add_argument("--sampling", default="temperature=1",
                     help="sampling pipeline, e.g. temperature=0.7,top_p=0.8,top_k=20 (temperature=0: greedy)")
-    ap.add_argument("--gamma", type=int, default=5, help="draft tokens per target call γ (>= 1)")
+    auto = " or auto (chosen per step by the machine's cost model; `verispec calibrate`)" if allow_auto_gamma else ""
+    ap.add_argument("--gamma", type=lambda t: gamma_value(t, allow_auto_gamma), default=5,
+                    help=f"draft tokens per target call γ: an integer >= 1{auto}")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
 

@@ -1,12 +1,16 @@
 """Decoding loops: target-only (the baseline and ground truth) and chain speculative decoding.
 
-Cache invariant of the chain loop: both models' KV caches hold every committed token except the
-last one, ``pending``. A step
+Cache invariant of the chain loop: the target's KV cache holds every committed token except the
+last one; the draft's lacks the tokens of ``pending`` (the last committed token, and the one before
+it after a fully accepted block or a plain target step). A step
 
 1. drafts ``x_1..x_g`` with the draft model (feeding ``pending`` first, then each draft token),
 2. runs one target forward over ``[pending, x_1..x_g]`` -> ``p_1..p_{g+1}``,
 3. calls ``rule.verify`` -> ``n`` accepted drafts and the next token ``z``,
-4. commits ``x_1..x_n, z``, rolls both caches back to ``committed − 1`` tokens, ``pending = z``.
+4. commits ``x_1..x_n, z``, rolls both caches back, ``pending`` = what the draft has not seen.
+
+``γ = "auto"`` chooses ``g`` before every step from the machine's cost profile and the acceptance so
+far (:mod:`verispec.engine.gamma`); ``g = 0`` is then a plain target step.
 
 ``g = min(γ, budget − 1)`` so that ``max_new_tokens`` is never exceeded; when one token is left it is
 sampled from the target alone. EOS or a stop string inside an accepted block ends the output at the
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.engine.costs import CostProfile
+from verispec.engine.gamma import AutoGamma
 from verispec.engine.stats import CallCosts, Stats
 from verispec.models.base import Backend, check_compatible, tokenizer_size
 from verispec.rules import Rule
@@ -182,23 +188,40 @@ def generate(
     *,
     rule: Rule | str,
     sampling: SamplingConfig,
-    gamma: int,
+    gamma: int | str | AutoGamma,
     max_new_tokens: int,
     stop: Sequence[str] = (),
     seed: int = 0,
     observer: Observer | None = None,
     vocab_width: int | None = None,
-    costs: CallCosts | None = None,
+    costs: CallCosts | CostProfile | None = None,
 ) -> GenerationResult:
     """Chain speculative decoding of ``prompt_ids`` with ``rule``; see the module docstring.
 
-    ``vocab_width`` (from :func:`check_compatible`, computed when omitted) slices both models' logits
-    to the shared vocabulary. ``costs`` (from :func:`measure_costs`) fills ``stats.cost_model_speedup``.
+    ``gamma``: draft tokens per step, or ``"auto"``: chosen before every step by the cost model from
+    ``costs`` (a :class:`CostProfile`) and the acceptance seen so far (:class:`AutoGamma`; a step may
+    then also be a plain target step, ``g = 0``), or an :class:`AutoGamma` of one's own (fresh per
+    generation: it learns from the steps). ``vocab_width`` (from :func:`check_compatible`,
+    computed when omitted) slices both models' logits to the shared vocabulary. ``costs`` (a
+    :class:`CallCosts` from :func:`measure_costs` or a :class:`CostProfile`) fills
+    ``stats.cost_model_speedup``: with a profile, the modelled time of target-only sampling over the
+    modelled time of the steps actually taken (:mod:`verispec.engine.costs`).
     """
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
+    policy = gamma if isinstance(gamma, AutoGamma) else None
+    if gamma == "auto":
+        if not isinstance(costs, CostProfile):
+            raise ValueError("gamma='auto' needs the machine's cost profile: pass costs=CostProfile "
+                             "(verispec.engine.cached_profile or measure_profile)")
+        policy = AutoGamma(costs)
+    if policy is not None:
+        gamma = policy.g_max
+    elif isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1 or 'auto', got {gamma!r}")
+    elif isinstance(costs, CostProfile) and gamma > costs.g_max:
+        raise ValueError(f"the cost profile covers γ = 1..{costs.g_max}, got gamma={gamma}")
     rule = get_rule(rule)
-    run = _Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma),
+    run = _Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
+                                                    gamma_policy="auto" if policy else "fixed"),
                     max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
     stats, out, ids = run.stats, run.out, run.ids
     _check_prompt(draft, ids, max_new_tokens)
@@ -215,16 +238,22 @@ def generate(
 
     run.start()
     while True:
-        g = min(gamma, out.remaining - 1)
+        g = min(policy.next() if policy else gamma, out.remaining - 1)
+        stats.record_gamma(g)
         if g < 1:
-            # One token left: sample it from the target alone (bonus semantics).
+            # A plain target step (one token left, or the policy found drafting not worth it):
+            # the next token comes from the target alone (bonus semantics); the draft has not
+            # seen it yet, so it joins ``pending``.
             with stats.timing("verify_s"):
                 logits = target.forward(pending[-1:], all_logits=False)
             stats.target_calls += 1
             with stats.timing("rule_s"):
                 tok = run.sample(sampling.process(logits[:, :width]))
-            out.extend([tok])
-            break
+            if out.extend([tok]):
+                break
+            committed += 1
+            pending = pending + [tok]
+            continue
 
         # 1. draft x_1..x_g
         draft_tokens, q = _draft_block(draft, pending, g, sampling, width, run)
@@ -238,6 +267,8 @@ def generate(
             n_acc, nxt = rule.verify(p[None], q[None], draft_tokens[None], generator=run.gen)
             n = int(n_acc[0])
         stats.record_step(n, g)
+        if policy is not None:
+            policy.update(n, g)
         if observer is not None:
             observer(p, q, draft_tokens, n)
 
@@ -253,7 +284,12 @@ def generate(
         # The draft has not seen z, nor x_g when the whole block was accepted.
         pending = emitted[-2:] if n == g else emitted[-1:]
     result = run.result()
-    if costs is not None:
+    if isinstance(costs, CostProfile):
+        reached = sum(stats.position_reached)
+        alpha = sum(stats.position_accepted) / reached if reached else None
+        modelled = sum(k * costs.step_cost(g, alpha) for g, k in enumerate(stats.gamma_hist))
+        stats.cost_model_speedup = costs.speedup(stats.new_tokens, modelled) if modelled else None
+    elif costs is not None:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
 

@@ -54,6 +54,8 @@ class Stats:
     wall_s: float = 0.0             # whole generation after the prefill
     stop_reason: str = ""           # "eos", "stop", "length"
     cost_model_speedup: float | None = None
+    gamma_policy: str = ""          # "fixed" or "auto" for SD ("" for target-only)
+    gamma_hist: list[int] = field(default_factory=list)  # index g: steps that drafted g tokens (0: plain)
 
     @property
     def other_s(self) -> float:
@@ -82,6 +84,17 @@ class Stats:
         """``with stats.timing("verify_s"): ...`` adds the block's wall seconds to that field."""
         return _Timer(self, name)
 
+    @property
+    def mean_gamma(self) -> float:
+        """Mean draft tokens per step (plain target steps count as 0)."""
+        steps = sum(self.gamma_hist)
+        return sum(g * k for g, k in enumerate(self.gamma_hist)) / steps if steps else 0.0
+
+    def record_gamma(self, g: int) -> None:
+        while len(self.gamma_hist) <= g:
+            self.gamma_hist.append(0)
+        self.gamma_hist[g] += 1
+
     def record_step(self, n_accepted: int, gamma: int) -> None:
         while len(self.accepted_hist) <= gamma:
             self.accepted_hist.append(0)
@@ -102,6 +115,7 @@ class Stats:
             tokens_per_s=self.tokens_per_s,
             per_position_acceptance=self.per_position_acceptance,
             mean_accepted=self.mean_accepted,
+            mean_gamma=self.mean_gamma,
         )
         return out
 
