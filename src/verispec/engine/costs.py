@@ -12,9 +12,10 @@ block was accepted whole (probability ``α^g``, two tokens ``d₂``), and ``2g +
 sampling pipeline (``g`` draft rows, ``g + 1`` target rows).  With ``α`` left out (and ``r = 0``,
 ``d₂ = d₁``) this is the textbook ``γ·c + v(γ)`` (Leviathan et al. 2023).
 
-:func:`measure_profile` measures it after a prefill; :func:`cached_profile` returns the profile stored
-for this machine and model pair (``~/.cache/verispec/costs/<key>.json``), measuring and storing it
-when there is none or when asked to refresh (``verispec calibrate``).  The key covers the CPU model,
+:func:`measure_profile` measures it after a prefill (:func:`measure_costs`, the same timing for one
+fixed γ); :func:`cached_profile` returns the profile stored for this machine and model pair
+(``costs/<key>.json`` in the verispec cache, ``~/.cache/verispec`` by default), measuring and storing
+it when there is none or when asked to refresh (``verispec calibrate``).  The key covers the CPU model,
 the core count, the thread count, the backends' names and their model files' sizes and mtimes, and
 the llama.cpp / torch versions, so that a profile is never reused where its costs would differ.
 """
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from verispec.engine.stats import CallCosts
 from verispec.models.base import Backend
+from verispec.models.embedded import default_cache_dir
 
 _log = logging.getLogger("verispec.costs")
 #: Version of the cached file's layout; a file of another version is re-measured.
@@ -114,13 +116,10 @@ class CostProfile:
                    row_s=float(d.get("row_s", 0.0)))
 
 
-def measure_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], g_max: int = DEFAULT_G_MAX,
-                    repeats: int = 5) -> CostProfile:
-    """Median seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
-    tokens, measured after a prefill of ``prompt_ids`` (both caches are left holding the prompt),
-    and of one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw."""
-    if g_max < 1:
-        raise ValueError(f"g_max must be >= 1, got {g_max}")
+def _forward_medians(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, draft_sizes: Sequence[int],
+                     target_sizes: Sequence[int], repeats: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Median seconds of draft and target forwards of each given number of tokens, measured after a
+    prefill of ``prompt_ids`` and rolled back after each call (both caches end holding the prompt)."""
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("measuring costs needs a non-empty prompt")
@@ -128,27 +127,40 @@ def measure_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], 
         backend.reset()
         backend.forward(ids, all_logits=False)
     base = len(ids)
-    filler = ids[-1:] * (g_max + 1)
-    draft_t: list[float] = []
-    pair_t: list[float] = []
-    block_t: list[list[float]] = [[] for _ in range(g_max + 1)]
+    filler = ids[-1:] * max(*draft_sizes, *target_sizes)
+    stamps: dict[tuple[str, int], list[float]] = {}
     for _ in range(repeats):
-        for n, stamps in ((1, draft_t), (2, pair_t)):
-            t = time.perf_counter()
-            draft.forward(filler[:n], all_logits=False)
-            stamps.append(time.perf_counter() - t)
-            draft.rollback(base)
-        for g in range(g_max + 1):
-            t = time.perf_counter()
-            target.forward(filler[: g + 1], all_logits=g > 0)
-            block_t[g].append(time.perf_counter() - t)
-            target.rollback(base)
+        for who, backend, sizes in (("draft", draft, draft_sizes), ("target", target, target_sizes)):
+            for n in sizes:
+                t = time.perf_counter()
+                backend.forward(filler[:n], all_logits=who == "target" and n > 1)
+                stamps.setdefault((who, n), []).append(time.perf_counter() - t)
+                backend.rollback(base)
+    med = {k: sorted(v)[len(v) // 2] for k, v in stamps.items()}
+    return ({n: med["draft", n] for n in draft_sizes}, {n: med["target", n] for n in target_sizes})
 
-    def med(xs: list[float]) -> float:
-        return sorted(xs)[len(xs) // 2]
 
-    return CostProfile(draft_token=med(draft_t), target_block=tuple(med(b) for b in block_t),
-                       draft_pair=med(pair_t), row_s=_row_seconds(int(target.vocab_size), repeats))
+def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int,
+                  repeats: int = 5) -> CallCosts:
+    """Median seconds of a draft 1-token forward, a target 1-token forward and a target (γ+1)-token
+    forward, measured on this hardware after a prefill of ``prompt_ids`` (one fixed γ; for every γ
+    at once see :func:`measure_profile`)."""
+    drafts, targets = _forward_medians(target, draft, prompt_ids, draft_sizes=(1,), target_sizes=(1, gamma + 1),
+                                       repeats=repeats)
+    return CallCosts(gamma=gamma, draft_token=drafts[1], target_token=targets[1], target_block=targets[gamma + 1])
+
+
+def measure_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], g_max: int = DEFAULT_G_MAX,
+                    repeats: int = 5) -> CostProfile:
+    """Median seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
+    tokens, measured after a prefill of ``prompt_ids`` (both caches are left holding the prompt),
+    and of one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw."""
+    if g_max < 1:
+        raise ValueError(f"g_max must be >= 1, got {g_max}")
+    drafts, targets = _forward_medians(target, draft, prompt_ids, draft_sizes=(1, 2),
+                                       target_sizes=range(1, g_max + 2), repeats=repeats)
+    return CostProfile(draft_token=drafts[1], target_block=tuple(targets[n] for n in range(1, g_max + 2)),
+                       draft_pair=drafts[2], row_s=_row_seconds(int(target.vocab_size), repeats))
 
 
 def _row_seconds(vocab: int, repeats: int) -> float:
@@ -211,8 +223,7 @@ def profile_identity(target: Backend, draft: Backend, n_threads: int | None, g_m
 
 
 def default_costs_dir() -> Path:
-    root = os.environ.get("VERISPEC_CACHE") or (Path.home() / ".cache" / "verispec")
-    return Path(root) / "costs"
+    return default_cache_dir() / "costs"
 
 
 def cached_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, n_threads: int | None = None,

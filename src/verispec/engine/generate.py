@@ -252,7 +252,7 @@ def generate(
             if out.extend([tok]):
                 break
             committed += 1
-            pending = pending + [tok]
+            pending.append(tok)
             continue
 
         # 1. draft x_1..x_g
@@ -312,31 +312,3 @@ def _draft_block(draft: Backend, pending: list[int], g: int, sampling: SamplingC
         feed = [int(tok[0])]
     stats.draft_calls += g
     return draft_tokens, torch.stack(q_rows)
-
-
-def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int,
-                  repeats: int = 5) -> CallCosts:
-    """Median seconds of a draft 1-token forward, a target 1-token forward and a target (γ+1)-token
-    forward, measured on this hardware after a prefill of ``prompt_ids``."""
-    ids = [int(t) for t in prompt_ids]
-    stamps: dict[str, list[float]] = {"draft": [], "target1": [], "block": []}
-    for backend in (target, draft):
-        backend.reset()
-        backend.forward(ids, all_logits=False)
-    base = len(ids)
-    filler = ids[-1:] * (gamma + 1)
-    for _ in range(repeats):
-        t = time.perf_counter()
-        draft.forward(filler[:1], all_logits=False)
-        stamps["draft"].append(time.perf_counter() - t)
-        draft.rollback(base)
-        t = time.perf_counter()
-        target.forward(filler[:1], all_logits=False)
-        stamps["target1"].append(time.perf_counter() - t)
-        target.rollback(base)
-        t = time.perf_counter()
-        target.forward(filler, all_logits=True)
-        stamps["block"].append(time.perf_counter() - t)
-        target.rollback(base)
-    med = {k: sorted(v)[len(v) // 2] for k, v in stamps.items()}
-    return CallCosts(gamma=gamma, draft_token=med["draft"], target_token=med["target1"], target_block=med["block"])
