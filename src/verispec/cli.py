@@ -43,6 +43,7 @@ def _stats_table(stats, baseline: bool) -> str:
             ("draft calls", d["draft_calls"]),
             ("block efficiency (tokens/target call)", f"{d['block_efficiency']:.3f}"),
             ("mean accepted per step", f"{d['mean_accepted']:.3f}"),
+            ("draft nodes per target call", f"{d['nodes_per_call']:.2f}"),
             ("accepted-per-step histogram", d["accepted_hist"]),
             ("per-position acceptance", "[" + ", ".join(f"{x:.2f}" for x in d["per_position_acceptance"]) + "]"),
             ("draft forward time (s)", f"{d['draft_s']:.3f}"),
@@ -69,6 +70,7 @@ def cmd_generate(args) -> int:
     import verispec.rules as R
     from verispec.engine import cached_profile, generate, generate_target_only
     from verispec.engine.costs import DEFAULT_G_MAX
+    from verispec.engine.ngram import lookup_for
     from verispec.models import load_pair
     from verispec.sampling import SamplingConfig
 
@@ -76,9 +78,23 @@ def cmd_generate(args) -> int:
     rule = R.get(args.rule)
     if args.gamma != "auto" and args.gamma < 1:
         raise ValueError(f"--gamma must be >= 1 or auto, got {args.gamma}")
+    if args.tree is not None and args.gamma == "auto":
+        raise ValueError("--gamma auto chooses the length of a chain; drop it or drop --tree")
     if args.gamma == "auto" and args.no_cost_model:
         raise ValueError("--gamma auto chooses γ from the cost model: drop --no-cost-model")
-    target, draft, width = load_pair(args, need_draft=not args.baseline)
+    head = None
+    if args.draft_head and not args.baseline:
+        from verispec.engine.tree import TreeSpec
+        from verispec.models.eagle3 import load_head_pair
+
+        shape = TreeSpec.parse(args.tree or "dynamic")
+        if shape.kind != "dynamic":
+            raise ValueError("an EAGLE-3 head grows dynamic trees: --tree dynamic:top_k=..,depth=..,nodes=..")
+        target, head = load_head_pair(args.target, args.draft_head, device=args.device, dtype=args.dtype,
+                                      top_k=shape.top_k, depth=shape.depth, nodes=shape.nodes)
+        draft, width, args.tree = None, None, None
+    else:
+        target, draft, width = load_pair(args, need_draft=not args.baseline)
     if args.no_chat:
         prompt_ids = target.tokenize(args.prompt, add_special=True)
     else:
@@ -89,7 +105,8 @@ def cmd_generate(args) -> int:
                                       stop=args.stop, seed=args.seed)
     else:
         costs = None
-        if not args.no_cost_model:
+        lookup = lookup_for(args, 5 if args.gamma == "auto" else args.gamma)
+        if not args.no_cost_model and args.tree is None and draft is not None and head is None:
             g_max = DEFAULT_G_MAX if args.gamma == "auto" else max(DEFAULT_G_MAX, args.gamma)
             costs, measured = cached_profile(target, draft, prompt_ids, n_threads=args.n_threads, g_max=g_max)
             if measured and not args.json:
@@ -97,6 +114,7 @@ def cmd_generate(args) -> int:
         result = generate(
             target, draft, prompt_ids, rule=rule, sampling=sampling, gamma=args.gamma,
             max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, vocab_width=width, costs=costs,
+            tree=args.tree, lookup=lookup, head=head,
         )
     if args.json:
         record = {"text": result.text, "tokens": result.tokens,
@@ -106,7 +124,8 @@ def cmd_generate(args) -> int:
     else:
         print(result.text)
         setting = sampling.spec() or "temperature=1"
-        label = f"target-only ({setting})" if args.baseline else f"{rule.spec()} γ={args.gamma} ({setting})"
+        shape = f"tree {result.stats.tree}" if result.stats.tree else f"γ={args.gamma}"
+        label = f"target-only ({setting})" if args.baseline else f"{rule.spec()} {shape} ({setting})"
         print(f"\n--- {label}", file=sys.stderr)
         print(_stats_table(result.stats, args.baseline), file=sys.stderr)
     return 0
@@ -121,6 +140,9 @@ def cmd_calibrate(args) -> int:
     if g_max < 1:
         raise ValueError(f"--g-max must be >= 1, got {g_max}")
     target, draft, _ = load_pair(args)
+    if draft is None:
+        raise ValueError("calibrate measures a draft model against the target; prompt lookup (--draft ngram) has "
+                         "no model to measure")
     prompt = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
     prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True)
     pair = prof.draft_pair or prof.draft_token
@@ -159,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON record")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip measuring per-call costs for the cost-model speedup")
+    p.add_argument("--draft-head", default=None,
+                   help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
+                   "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")
     flags.add_model_flags(p)
     flags.add_decoding_flags(p, allow_auto_gamma=True)
     p.set_defaults(func=cmd_generate)

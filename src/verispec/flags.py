@@ -58,7 +58,11 @@ def add_model_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--target", default=d.target,
                     help="target model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-1.5B)")
     ap.add_argument("--draft", default=d.draft,
-                    help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B)")
+                    help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B), "
+                    "or ngram: prompt-lookup drafting without a draft model")
+    ap.add_argument("--lookup", action="store_true", default=d.lookup,
+                    help="prompt-lookup drafting beside the draft model: draft the n-gram continuation when the "
+                    "text's suffix occurred before, the draft model otherwise (chains)")
     ap.add_argument("--n-threads", type=int, default=d.n_threads, help="llama.cpp threads (default: all cores)")
     ap.add_argument("--n-ctx", type=int, default=d.n_ctx, help="context length for llama.cpp models")
     ap.add_argument("--device", default=d.device, help="device for transformers models (cpu, cuda, ...)")
@@ -87,6 +91,9 @@ def add_decoding_flags(ap: argparse.ArgumentParser, *, allow_auto_gamma: bool = 
     auto = " or auto (chosen per step by the machine's cost model; `verispec calibrate`)" if allow_auto_gamma else ""
     ap.add_argument("--gamma", type=lambda t: gamma_value(t, allow_auto_gamma), default=5,
                     help=f"draft tokens per target call γ: an integer >= 1{auto}")
+    ap.add_argument("--tree", default=None,
+                    help="draft a tree instead of a chain of γ tokens: 4,2,2,1 (top-k candidates per depth), "
+                    "iid:4,2 or wor:4,2 (sampled children), dynamic:top_k=10,depth=5,nodes=60 (EAGLE-2)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
 

@@ -22,6 +22,7 @@ class ModelSettings:
     n_ctx: int = 4096
     device: str = "cpu"
     dtype: str | None = None
+    lookup: bool = False      # prompt lookup beside the draft model (draft "ngram": lookup alone)
 
 
 @dataclass

@@ -25,7 +25,9 @@ class FakeLM:
         self.name = f"fake(v={vocab},seed={seed})"
         self.bias = bias or {}
         self.tokens: list[int] = []
+        self.tree: list[tuple[int, int]] = []   # open tree: (token, parent id or -1)
         self.forward_calls = 0
+        self.forward_sizes: list[int] = []
 
     # -- text -----------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
@@ -51,6 +53,7 @@ class FakeLM:
 
     def reset(self) -> None:
         self.tokens = []
+        self.tree = []
 
     @property
     def n_cached(self) -> int:
@@ -59,6 +62,9 @@ class FakeLM:
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> torch.Tensor:
         toks = [int(t) for t in tokens]
         assert toks, "empty forward"
+        if self.tree:
+            raise ValueError("a tree is open: commit_tree_path or rollback first")
+        self.forward_sizes.append(len(toks))
         assert len(self.tokens) + len(toks) <= self.context_length, "context overflow"
         self.forward_calls += 1
         rows = []
@@ -71,3 +77,37 @@ class FakeLM:
     def rollback(self, length: int) -> None:
         assert 0 <= length <= len(self.tokens), (length, len(self.tokens))
         del self.tokens[length:]
+        self.tree = []
+
+    # -- trees (the Backend protocol's forward_tree / commit_tree_path) -------------------------
+    @property
+    def n_tree(self) -> int:
+        return len(self.tree)
+
+    def _path(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            tok, node = self.tree[node]
+            out.append(tok)
+        return out[::-1]
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        assert len(tokens) == len(parents) and tokens
+        self.forward_calls += 1
+        self.forward_sizes.append(len(tokens))
+        rows = []
+        for t, par in zip(tokens, parents):
+            assert -1 <= par < len(self.tree), (par, len(self.tree))
+            self.tree.append((int(t), int(par)))
+            path = self._path(len(self.tree) - 1)
+            assert len(self.tokens) + len(path) <= self.context_length, "context overflow"
+            rows.append(self.next_logits(self.tokens + path))
+        return torch.stack(rows)
+
+    def commit_tree_path(self, path: Sequence[int]) -> None:
+        path = [int(i) for i in path]
+        if path:
+            assert self._path(path[-1]) == [self.tree[i][0] for i in path], "not a root-down path"
+            assert self.tree[path[0]][1] == -1
+        self.tokens += [self.tree[i][0] for i in path]
+        self.tree = []

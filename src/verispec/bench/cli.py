@@ -39,7 +39,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     flags.add_model_flags(p)
     flags.add_decoding_flags(p)
-    p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None)
+    p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None, tree=None)
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")
     p.add_argument("dir", help="bench output directory (or a results.sqlite file)")
@@ -80,6 +80,8 @@ def config_from_args(args) -> runner.BenchConfig:
         cfg.samplings = [s.strip() for s in args.sampling.split(";")]
     if args.gamma is not None:
         cfg.gammas = [args.gamma]
+    if args.tree is not None:
+        cfg.trees = [t.strip() for t in args.tree.split(";") if t.strip()]
     if args.max_new_tokens is not None:
         cfg.max_new_tokens = args.max_new_tokens
     if args.limit is not None:

@@ -157,6 +157,8 @@ def format_table(rows: list[RunRow], conf: float = 0.95) -> str:
         ("γ", lambda r: str(r.gamma)),
         ("role", lambda r: _ROLE_LABEL.get(r.role, _esc(r.role))),
     ]
+    if any(r.tree for r in rows):
+        cols.insert(-1, ("tree", lambda r: _esc(r.tree or "chain")))
     for name, attr in (("draft", "draft"), ("target", "target"), ("max new", "max_new_tokens"), ("seed", "seed")):
         if len({getattr(r, attr) for r in rows}) > 1:
             cols.append((name, lambda r, a=attr: _esc(getattr(r, a))))

@@ -163,6 +163,7 @@ class RunRow:
     family = property(lambda self: self.key.family)
     sampling = property(lambda self: self.key.sampling)
     gamma = property(lambda self: self.key.gamma)
+    tree = property(lambda self: self.key.tree)
     role = property(lambda self: self.key.role)
     draft = property(lambda self: self.key.draft)
     target = property(lambda self: self.key.target)
@@ -177,7 +178,7 @@ class RunRow:
     def group(self) -> tuple:
         """Runs that share prompts, sampling, draft blocks and budget (so share a recorded corpus)."""
         k = self.key
-        return (k.dataset, k.sampling, k.gamma, k.draft, k.target, k.max_new_tokens, k.seed)
+        return (k.dataset, k.sampling, k.gamma, k.draft, k.target, k.max_new_tokens, k.seed, k.tree)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -33,6 +33,8 @@ from verispec.bench.checkers import check
 from verispec.bench.datasets import Problem, load_problems
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.engine.ngram import lookup_for
+from verispec.engine.tree import TreeSpec
 from verispec.models import load_pair
 from verispec.sampling import SamplingConfig
 from verispec.settings import DataSettings, ModelSettings
@@ -71,6 +73,7 @@ class BenchConfig(DataSettings, ModelSettings):
     rules: list[str] = field(default_factory=lambda: list(DEFAULT_RULES))
     samplings: list[str] = field(default_factory=lambda: [DEFAULT_SAMPLING])
     gammas: list[int] = field(default_factory=lambda: [5])
+    trees: list[str] = field(default_factory=list)   # draft tree specs (SD runs); empty: chains of γ
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0
     n_samples: int = 1
@@ -90,6 +93,8 @@ class BenchConfig(DataSettings, ModelSettings):
             rule_registry.get(spec)
         for s in self.samplings:
             SamplingConfig.parse(s)
+        for t in self.trees:
+            TreeSpec.parse(t)
         for g in self.gammas:
             if isinstance(g, bool) or not isinstance(g, int) or g < 1:
                 raise ValueError(f"gamma must be an integer >= 1, got {g!r}")
@@ -102,7 +107,8 @@ class BenchConfig(DataSettings, ModelSettings):
 
 
 SWEEP_KEYS = {f for f in BenchConfig.__dataclass_fields__}
-_SWEEP_ALIASES = {"dataset": "datasets", "rule": "rules", "sampling": "samplings", "gamma": "gammas"}
+_SWEEP_ALIASES = {"dataset": "datasets", "rule": "rules", "sampling": "samplings", "gamma": "gammas",
+                  "tree": "trees"}
 
 
 def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig:
@@ -155,18 +161,20 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
     """The runs of a bench with their pairing (see the module docstring)."""
     runs: dict[str, PlannedRun] = {}
 
-    def add(dataset, rule, sampling, gamma, role, pair=None) -> str:
+    def add(dataset, rule, sampling, gamma, role, pair=None, tree="") -> str:
         key = RunKey(dataset=dataset, rule=rule or TARGET_ONLY, sampling=sampling.spec(), gamma=gamma if rule else 0,
                      draft=draft_name if rule else "", target=target_name, max_new_tokens=cfg.max_new_tokens,
-                     seed=cfg.seed, role=role)
+                     seed=cfg.seed, role=role, tree=tree if rule else "")
         if key.run_id not in runs:
             runs[key.run_id] = PlannedRun(key, sampling, rule, dict(pair or {}))
         return key.run_id
 
-    for dataset, sampling_spec, gamma in itertools.product(cfg.datasets, cfg.samplings, cfg.gammas):
+    trees = [TreeSpec.parse(t).spec() for t in cfg.trees] or [""]
+    for dataset, sampling_spec, gamma, tree in itertools.product(cfg.datasets, cfg.samplings, cfg.gammas, trees):
         sampling = SamplingConfig.parse(sampling_spec)
+        gamma = TreeSpec.parse(tree).depth if tree else gamma
         plain = add(dataset, None, sampling, gamma, "target_only") if (cfg.target_only or cfg.baselines) else None
-        lossless = (add(dataset, "lossless", sampling, gamma, "lossless_ref", {"baseline": plain})
+        lossless = (add(dataset, "lossless", sampling, gamma, "lossless_ref", {"baseline": plain}, tree)
                     if cfg.lossless_ref else None)
         for spec in cfg.rules:
             rule = rule_registry.get(spec)
@@ -179,7 +187,7 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
                     pair["baseline"] = add(dataset, None, sampling.with_truncation(**truncation), gamma, "baseline")
                 else:
                     pair["baseline"] = plain
-            add(dataset, rule.spec(), sampling, gamma, "method", pair)
+            add(dataset, rule.spec(), sampling, gamma, "method", pair, tree)
     return list(runs.values())
 
 
@@ -212,7 +220,7 @@ class Bench:
         from verispec.engine import generate, generate_target_only, measure_costs
 
         self.load_problems()
-        draft_name = model_label(self.cfg.draft, "draft")
+        draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")
         target_name = model_label(self.cfg.target, "target")
         plan = plan_runs(self.cfg, draft_name, target_name)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -251,14 +259,15 @@ class Bench:
                                                max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
                                                vocab_width=width)
                 else:
-                    gamma = run.key.gamma
-                    if gamma not in costs:
+                    gamma, tree = run.key.gamma, run.key.tree or None
+                    if gamma not in costs and tree is None and draft is not None:
                         costs[gamma] = measure_costs(target, draft, ids, gamma)
                     # lossless runs record every drafted (p, q): the report's exact per-token distortion
                     recording = SampleRecording(problem.dataset, problem.id) if run.rule == RECORDED_RULE else None
                     res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
                                    max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
-                                   vocab_width=width, costs=costs[gamma], observer=recording)
+                                   vocab_width=width, costs=costs.get(gamma) if tree is None else None,
+                                   observer=recording, tree=tree, lookup=lookup_for(self.cfg, gamma))
                     if recording is not None:  # on disk before the row: a stored row implies its positions
                         recording.save(positions_path(self.out, run.key.run_id, problem.id, k),
                                        decode=target.token_piece)

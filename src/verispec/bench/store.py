@@ -125,6 +125,7 @@ class RunKey:
     max_new_tokens: int
     seed: int
     role: str = "method"  # "method" | "baseline" | "target_only" | "lossless_ref"
+    tree: str = ""        # draft tree spec (TreeSpec.spec()); "" = a chain of gamma tokens
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -133,12 +134,15 @@ class RunKey:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"RunKey.{name} must be int, got {type(v).__name__}")
-        for name in ("dataset", "rule", "sampling", "draft", "target"):
+        for name in ("dataset", "rule", "sampling", "draft", "target", "tree"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"RunKey.{name} must be str")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["tree"]:
+            del d["tree"]   # chains keep the run ids they had before trees existed
+        return d
 
     def canonical_json(self) -> str:
         """Sorted keys, no whitespace, UTF-8 kept: the exact bytes that are hashed."""

@@ -50,7 +50,7 @@ def config_from_args(args) -> DiagnoseConfig:
         cfg.sampling = args.sampling
     if args.max_new_tokens is not None:
         cfg.max_new_tokens = args.max_new_tokens
-    for name in DATA_FIELDS + MODEL_FIELDS + ("bench_dir", "recollect", "gamma", "seed", "out"):
+    for name in DATA_FIELDS + MODEL_FIELDS + ("bench_dir", "recollect", "gamma", "seed", "out", "tree"):
         if name != "datasets":
             setattr(cfg, name, getattr(args, name))
     return cfg
@@ -61,6 +61,10 @@ def cmd_diagnose(args, accuracy_gaps: AccuracyGaps | None = None) -> int:
 
     result = run_diagnose(config_from_args(args), progress=not args.no_progress, accuracy_gaps=accuracy_gaps)
     print(diagnostics_markdown(result["summary"]))
+    if "tree_form" in result:
+        from verispec.diagnose.tree_form import tree_form_markdown
+
+        print("\n" + tree_form_markdown(result["tree_form"]))
     if "correlation" in result:
         c = result["correlation"]
         print(f"\nSpearman rank correlation (mean TV vs accuracy gap, {c.get('n')} rules): "

@@ -50,6 +50,10 @@ class DiagnoseConfig(DataSettings, ModelSettings):
     out: str = "verispec-out/diagnose"
     bench_dir: str | None = None
     recollect: bool = False
+    tree: str | None = None   # also record trees of this spec and report each rule's tree form
+
+    def tree_corpus_key(self) -> dict:
+        return {**self.corpus_key(), "tree": self.tree}
 
     def corpus_key(self) -> dict:
         """The settings the recorded corpus depends on (rules and outputs do not matter)."""
@@ -82,6 +86,15 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         rule_registry.get(spec)
     if cfg.gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {cfg.gamma}")
+    from verispec.models import is_ngram_draft
+
+    if is_ngram_draft(cfg.draft) or cfg.lookup:
+        raise ValueError("diagnose measures rules on the draft model's distribution q; prompt lookup has none "
+                         "(drop --draft ngram / --lookup)")
+    if cfg.tree:
+        from verispec.engine.tree import TreeSpec
+
+        TreeSpec.parse(cfg.tree)
     if cfg.bench_dir and accuracy_gaps is None:
         raise ValueError("bench_dir is set but no accuracy_gaps reader was passed (verispec.bench.cli.accuracy_gaps)")
     sampling = SamplingConfig.parse(cfg.sampling)
@@ -119,6 +132,8 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     if index is not None:
         plots.append(plot_position(corpus, index, figure2_rules, out / "figure2_position.png"))
     result = {"summary": summary, "plots": [str(p) for p in plots], "n_positions": len(corpus), "out": str(out)}
+    if cfg.tree:
+        result["tree_form"] = _tree_form(cfg, sampling, out, log, load_models, progress)
     if cfg.bench_dir:
         gaps = dict(accuracy_gaps(cfg.bench_dir))
         corr = rank_correlation(distortion_by_rule(summary), gaps)
@@ -126,6 +141,34 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         result["correlation"] = corr
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     return result
+
+
+def _tree_form(cfg: DiagnoseConfig, sampling, out: Path, log, load_models, progress: bool) -> list[dict]:
+    """Record (or reuse) the tree corpus and summarise every rule's tree form beside its chain form;
+    writes ``tree_form.json`` and ``tree_form.md``."""
+    from verispec.diagnose.measures import to_jsonable
+    from verispec.diagnose.tree_form import TreeCorpus, collect_tree_corpus, summarize_tree_form, tree_form_markdown
+
+    path, key_path = out / "tree_corpus.npz", out / "tree_corpus.json"
+    if path.exists() and key_path.exists() and not cfg.recollect and \
+            json.loads(key_path.read_text()) == cfg.tree_corpus_key():
+        corpus = TreeCorpus.load(path)
+        log(f"diagnose: reusing {len(corpus)} recorded tree nodes from {path}")
+    else:
+        from verispec.bench.datasets import load_problems
+        from verispec.models import load_pair
+
+        problems = [p for ps in load_problems(cfg, log).values() for p in ps]
+        target, draft, _ = (load_models or load_pair)(cfg, need_draft=True)
+        corpus = collect_tree_corpus(target, draft, problems, sampling=sampling, tree=cfg.tree,
+                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, progress=progress)
+        corpus.save(path)
+        key_path.write_text(json.dumps(cfg.tree_corpus_key()))
+        log(f"diagnose: recorded {len(corpus)} tree nodes -> {path}")
+    summary = summarize_tree_form(corpus, cfg.rules)
+    (out / "tree_form.json").write_text(json.dumps(to_jsonable(summary), indent=2))
+    (out / "tree_form.md").write_text(tree_form_markdown(summary))
+    return summary
 
 
 #: Positions shown in the Figure-2 view need an uncertain target (nats), else every rule looks alike.

@@ -1,13 +1,18 @@
-"""Decoding loops: target-only (the baseline and ground truth) and chain speculative decoding.
+"""Decoding loops: target-only (the baseline and ground truth) and speculative decoding on trees,
+a chain being the tree with one child per node (one code path; :mod:`verispec.engine.tree`).
 
-Cache invariant of the chain loop: the target's KV cache holds every committed token except the
-last one; the draft's lacks the tokens of ``pending`` (the last committed token, and the one before
-it after a fully accepted block or a plain target step). A step
+Cache invariant of the SD loop: the target's KV cache holds every committed token except the
+last one (the root of the next tree); the draft's lacks the tokens of ``pending`` (the root, and
+the accepted node before it when the draft never processed that node, e.g. a leaf of the tree, or
+after a plain target step). A step
 
-1. drafts ``x_1..x_g`` with the draft model (feeding ``pending`` first, then each draft token),
-2. runs one target forward over ``[pending, x_1..x_g]`` -> ``p_1..p_{g+1}``,
-3. calls ``rule.verify`` -> ``n`` accepted drafts and the next token ``z``,
-4. commits ``x_1..x_n, z``, rolls both caches back, ``pending`` = what the draft has not seen.
+1. grows a draft tree below the root (feeding ``pending`` first; one draft forward per depth),
+2. runs one target forward over ``[root, nodes]`` (tree attention) -> ``p`` at the root and after
+   every node,
+3. calls :func:`verispec.rules.tree.verify_tree` (a chain goes to ``rule.verify``) -> the accepted
+   path and the next token ``z``,
+4. commits the path and ``z``: both caches keep the path's nodes they processed and drop the rest,
+   ``pending`` = what the draft has not seen.
 
 ``γ = "auto"`` chooses ``g`` before every step from the machine's cost profile and the acceptance so
 far (:mod:`verispec.engine.gamma`); ``g = 0`` is then a plain target step.
@@ -31,15 +36,35 @@ import torch
 
 from verispec.engine.costs import CostProfile
 from verispec.engine.gamma import AutoGamma
+from verispec.engine.ngram import NgramDrafter
+from verispec.engine.sources import DraftSources
 from verispec.engine.stats import CallCosts, Stats
+from verispec.engine.tree import DraftProposal, TreeSpec, check_tree_rule
 from verispec.models.base import Backend, check_compatible, tokenizer_size
 from verispec.rules import Rule
 from verispec.rules import get as get_rule
 from verispec.rules.base import sample_categorical
+from verispec.rules.tree import DraftTree, verify_tree
 from verispec.sampling import SamplingConfig
 
-#: observer(p [G+1, V], q [G, V], draft [G], n_accepted) called after every verification.
+#: observer(p [G+1, V], q [G, V], draft [G], n_accepted) called after every chain verification.
 Observer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
+
+
+@dataclass
+class VerifiedStep:
+    """One verification, chain or tree: ``p [N+1, V]`` the processed target at the root and after every
+    node, the draft ``proposal`` (tokens, parents, ``q [N+1, V]``), the accepted ``path`` (node
+    indices from the root down) and the ``next_token`` emitted after it."""
+
+    p: torch.Tensor
+    proposal: DraftProposal
+    path: list[int]
+    next_token: int
+
+
+#: tree_observer(step) called after every verification.
+TreeObserver = Callable[[VerifiedStep], None]
 
 
 @dataclass
@@ -183,31 +208,63 @@ def generate_target_only(
 
 def generate(
     target: Backend,
-    draft: Backend,
+    draft: Backend | None,
     prompt_ids: Sequence[int],
     *,
     rule: Rule | str,
     sampling: SamplingConfig,
-    gamma: int | str | AutoGamma,
+    gamma: int | str | AutoGamma = 5,
     max_new_tokens: int,
     stop: Sequence[str] = (),
     seed: int = 0,
     observer: Observer | None = None,
     vocab_width: int | None = None,
     costs: CallCosts | CostProfile | None = None,
+    tree: TreeSpec | str | None = None,
+    tree_observer: TreeObserver | None = None,
+    lookup: NgramDrafter | None = None,
+    head=None,
 ) -> GenerationResult:
-    """Chain speculative decoding of ``prompt_ids`` with ``rule``; see the module docstring.
+    """Speculative decoding of ``prompt_ids`` with ``rule`` on chains or trees; see the module docstring.
 
     ``gamma``: draft tokens per step, or ``"auto"``: chosen before every step by the cost model from
     ``costs`` (a :class:`CostProfile`) and the acceptance seen so far (:class:`AutoGamma`; a step may
     then also be a plain target step, ``g = 0``), or an :class:`AutoGamma` of one's own (fresh per
-    generation: it learns from the steps). ``vocab_width`` (from :func:`check_compatible`,
-    computed when omitted) slices both models' logits to the shared vocabulary. ``costs`` (a
-    :class:`CallCosts` from :func:`measure_costs` or a :class:`CostProfile`) fills
-    ``stats.cost_model_speedup``: with a profile, the modelled time of target-only sampling over the
-    modelled time of the steps actually taken (:mod:`verispec.engine.costs`).
+    generation: it learns from the steps). ``tree`` (a :class:`TreeSpec` or its text, e.g.
+    ``"dynamic:top_k=10,depth=5,nodes=60"``) drafts that tree instead of a chain of ``gamma`` tokens.
+    ``vocab_width`` (from :func:`check_compatible`, computed when omitted) slices both models' logits
+    to the shared vocabulary. ``costs`` (a :class:`CallCosts` from :func:`measure_costs` or a
+    :class:`CostProfile`) fills ``stats.cost_model_speedup`` for chains: with a profile, the modelled
+    time of target-only sampling over the modelled time of the steps actually taken
+    (:mod:`verispec.engine.costs`). ``observer`` sees every chain verification, ``tree_observer``
+    every verification as a :class:`VerifiedStep` (chains included).
+
+    ``lookup`` (an :class:`NgramDrafter`): prompt-lookup drafting. Before each chain step the longest
+    earlier match of the text's suffix proposes up to ``g`` tokens; they are verified as deterministic
+    candidates (point masses, :mod:`verispec.rules.tree`), the draft model drafting only when nothing
+    matches. With ``draft=None`` lookup is the only draft source and a step without a match is a
+    plain target step. ``head`` (an :class:`~verispec.models.eagle3.Eagle3Drafter`, with
+    ``draft=None``): EAGLE-3 draft trees grown from the target's hidden states (the target must be an
+    ``HFBackend`` built with ``capture_hidden=head.head.target_layers``). Draft sources and their cache
+    bookkeeping: :mod:`verispec.engine.sources`.
     """
     policy = gamma if isinstance(gamma, AutoGamma) else None
+    spec = TreeSpec.parse(tree) if tree is not None else None
+    if spec is not None and spec.is_chain:
+        gamma, spec = spec.depth, None
+    if draft is None and lookup is None and head is None:
+        raise ValueError("no draft source: pass a draft model, lookup=NgramDrafter() for prompt lookup, "
+                         "or head= an EAGLE-3 drafter")
+    if head is not None and (draft is not None or spec is not None):
+        raise ValueError("an EAGLE-3 head drafts its own trees (its top_k, depth, nodes): drop the draft model "
+                         "and the tree spec")
+    if lookup is not None and spec is not None:
+        raise ValueError("prompt lookup drafts chains; it does not combine with a tree (drop one)")
+    if draft is None and (policy is not None or gamma == "auto"):
+        raise ValueError("gamma='auto' weighs the draft model's cost; prompt lookup alone or a head needs a "
+                         "fixed gamma")
+    if spec is not None and (policy is not None or gamma == "auto"):
+        raise ValueError("gamma='auto' chooses the length of a chain; it does not apply to --tree (drop one)")
     if gamma == "auto":
         if not isinstance(costs, CostProfile):
             raise ValueError("gamma='auto' needs the machine's cost profile: pass costs=CostProfile "
@@ -215,100 +272,101 @@ def generate(
         policy = AutoGamma(costs)
     if policy is not None:
         gamma = policy.g_max
+    elif spec is not None or head is not None:
+        gamma = spec.depth if spec is not None else head.depth
     elif isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1 or 'auto', got {gamma!r}")
     elif isinstance(costs, CostProfile) and gamma > costs.g_max:
         raise ValueError(f"the cost profile covers γ = 1..{costs.g_max}, got gamma={gamma}")
     rule = get_rule(rule)
+    if spec is not None:
+        check_tree_rule(rule, spec)
+    if head is not None:
+        spec_text = f"eagle3:top_k={head.top_k},depth={head.depth},nodes={head.nodes}"
+        check_tree_rule(rule, TreeSpec("dynamic", "deterministic", top_k=head.top_k, depth_limit=head.depth,
+                                       nodes=head.nodes))
+    else:
+        spec_text = spec.spec() if spec else ""
+    if lookup is not None:
+        check_tree_rule(rule, TreeSpec("static", "deterministic", (1,) * gamma))
     run = _Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
-                                                    gamma_policy="auto" if policy else "fixed"),
+                                                    gamma_policy="auto" if policy else "fixed", tree=spec_text),
                     max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
     stats, out, ids = run.stats, run.out, run.ids
-    _check_prompt(draft, ids, max_new_tokens)
-    width = vocab_width or check_compatible(target, draft)
+    if draft is not None:
+        _check_prompt(draft, ids, max_new_tokens)
+    width = vocab_width or (check_compatible(target, draft) if draft is not None
+                            else min(target.vocab_size, tokenizer_size(target)))
+    sources = DraftSources(target, draft, lookup=lookup, head=head, spec=spec, sampling=sampling, width=width,
+                           generator=run.gen, stats=stats)
 
     target.reset()
-    draft.reset()
     with stats.timing("prefill_s"):
         if len(ids) > 1:
             target.forward(ids[:-1], all_logits=False)
-            draft.forward(ids[:-1], all_logits=False)
-    committed = len(ids)          # tokens in the sequence; the caches hold committed − 1
-    pending = [ids[-1]]           # tokens the draft cache still has to see (pending first)
+        sources.prefill(ids)
 
     run.start()
     while True:
         g = min(policy.next() if policy else gamma, out.remaining - 1)
-        stats.record_gamma(g)
-        if g < 1:
-            # A plain target step (one token left, or the policy found drafting not worth it):
-            # the next token comes from the target alone (bonus semantics); the draft has not
-            # seen it yet, so it joins ``pending``.
+        # 1. draft a tree (a chain: one child per node) below the root, or nothing
+        proposal = sources.propose(g)
+        stats.record_gamma(g if proposal is not None else 0)
+        if proposal is None:
+            # A plain target step (one token left, nothing to draft, or the policy found drafting
+            # not worth it): the next token comes from the target alone (bonus semantics).
             with stats.timing("verify_s"):
-                logits = target.forward(pending[-1:], all_logits=False)
+                logits = target.forward([sources.root], all_logits=False)
             stats.target_calls += 1
             with stats.timing("rule_s"):
                 tok = run.sample(sampling.process(logits[:, :width]))
             if out.extend([tok]):
                 break
-            committed += 1
-            pending.append(tok)
+            sources.after_plain(tok)
             continue
 
-        # 1. draft x_1..x_g
-        draft_tokens, q = _draft_block(draft, pending, g, sampling, width, run)
-        # 2. one target forward over [pending, x_1..x_g] -> p_1..p_{g+1}
+        # 2. one target forward over [root, nodes] -> p at the root and after every node
         with stats.timing("verify_s"):
-            target_logits = target.forward([pending[-1]] + draft_tokens.tolist(), all_logits=True)
+            target_logits = target.forward_tree([sources.root] + proposal.tokens,
+                                                [-1] + [par + 1 for par in proposal.parents])
         stats.target_calls += 1
-        # 3. verify -> n accepted drafts and the next token z
+        stats.tree_nodes += proposal.n_nodes
+        # 3. verify -> the accepted path and the next token z
         with stats.timing("rule_s"):
             p = sampling.process(target_logits[:, :width])
-            n_acc, nxt = rule.verify(p[None], q[None], draft_tokens[None], generator=run.gen)
+            draft_tree = DraftTree(torch.tensor([proposal.tokens]), torch.tensor([proposal.parents]),
+                                   proposal.scheme)
+            q = None if proposal.scheme == "deterministic" else proposal.q[None]
+            path_t, n_acc, nxt = verify_tree(rule, p[None], q, draft_tree, generator=run.gen)
             n = int(n_acc[0])
-        stats.record_step(n, g)
-        if policy is not None:
+            path = path_t[0, :n].tolist()
+        stats.record_step(n, max(proposal.depths(), default=0) + 1)
+        from_model = proposal.draft_forwards > 0
+        if policy is not None and from_model:
             policy.update(n, g)
-        if observer is not None:
-            observer(p, q, draft_tokens, n)
+        if not from_model and lookup is not None and head is None:
+            stats.lookup_accepted += n
+        if observer is not None and spec is None and from_model:
+            observer(p, proposal.q[:g], torch.tensor(proposal.tokens), n)
+        if tree_observer is not None:
+            tree_observer(VerifiedStep(p, proposal, path, int(nxt[0])))
 
-        # 4. commit x_1..x_n, z and roll both caches back to committed − 1 tokens
-        emitted = draft_tokens[:n].tolist() + [int(nxt[0])]
+        # 4. commit the path and z; every cache keeps the path and drops the rest of the tree
+        emitted = [proposal.tokens[i] for i in path] + [int(nxt[0])]
         if out.extend(emitted):
             break
-        # Target cache holds committed − 1 + g + 1 tokens; keep up to x_n.
-        target.rollback(committed + n)
-        # Draft cache saw pending and x_1..x_{g−1}.
-        draft.rollback(committed + min(n, g - 1))
-        committed += n + 1
-        # The draft has not seen z, nor x_g when the whole block was accepted.
-        pending = emitted[-2:] if n == g else emitted[-1:]
+        target.commit_tree_path([0] + [i + 1 for i in path])
+        sources.after_step(proposal, path, emitted)
     result = run.result()
-    if isinstance(costs, CostProfile):
+    if stats.lookup_steps:
+        pass  # the cost model has no term for draft-free steps: no modelled speedup
+    elif isinstance(costs, CostProfile) and spec is None:
         reached = sum(stats.position_reached)
         alpha = sum(stats.position_accepted) / reached if reached else None
         modelled = sum(k * costs.step_cost(g, alpha) for g, k in enumerate(stats.gamma_hist))
         stats.cost_model_speedup = costs.speedup(stats.new_tokens, modelled) if modelled else None
-    elif costs is not None:
+    elif costs is not None and spec is None:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
 
 
-def _draft_block(draft: Backend, pending: list[int], g: int, sampling: SamplingConfig, width: int,
-                 run: _Decoding) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample ``g`` draft tokens, feeding ``pending`` first. -> ``(tokens [g] int64, q [g, V])``."""
-    stats = run.stats
-    draft_tokens = torch.empty(g, dtype=torch.long)
-    q_rows = []
-    feed = pending
-    for i in range(g):
-        with stats.timing("draft_s"):
-            logits = draft.forward(feed, all_logits=False)
-        with stats.timing("rule_s"):
-            q_i = sampling.process(logits[:, :width])
-            tok = sample_categorical(q_i, run.gen)
-        draft_tokens[i] = tok[0]
-        q_rows.append(q_i[0])
-        feed = [int(tok[0])]
-    stats.draft_calls += g
-    return draft_tokens, torch.stack(q_rows)

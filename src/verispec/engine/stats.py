@@ -56,6 +56,16 @@ class Stats:
     cost_model_speedup: float | None = None
     gamma_policy: str = ""          # "fixed" or "auto" for SD ("" for target-only)
     gamma_hist: list[int] = field(default_factory=list)  # index g: steps that drafted g tokens (0: plain)
+    tree: str = ""                  # tree spec ("" for chains); accepted_hist then counts path lengths
+    tree_nodes: int = 0             # draft nodes verified, over all target calls
+    lookup_steps: int = 0           # steps drafted by prompt lookup (n-gram) instead of the draft model
+    lookup_accepted: int = 0        # draft tokens those steps had accepted
+
+    @property
+    def nodes_per_call(self) -> float:
+        """Draft nodes (tokens) per verification: γ for a chain."""
+        steps = sum(self.accepted_hist)
+        return self.tree_nodes / steps if steps else 0.0
 
     @property
     def other_s(self) -> float:
@@ -116,6 +126,7 @@ class Stats:
             per_position_acceptance=self.per_position_acceptance,
             mean_accepted=self.mean_accepted,
             mean_gamma=self.mean_gamma,
+            nodes_per_call=self.nodes_per_call,
         )
         return out
 

@@ -32,6 +32,13 @@ __all__ = [
 
 ROLES = ("draft", "target")
 _EMBEDDED_ALIASES = ("", "embedded", "default")
+#: ``--draft`` value for drafting by prompt lookup alone (no draft model).
+NGRAM_DRAFT = "ngram"
+
+
+def is_ngram_draft(spec: object) -> bool:
+    """Whether a draft spec asks for prompt-lookup (n-gram) drafting instead of a draft model."""
+    return isinstance(spec, str) and spec.strip().lower() == NGRAM_DRAFT
 
 
 def load_backend(
@@ -54,6 +61,8 @@ def load_backend(
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    if is_ngram_draft(spec):
+        raise ValueError("'ngram' is prompt-lookup drafting, not a model: it has no backend (use load_pair)")
     if spec is None or (isinstance(spec, str) and spec.strip().lower() in _EMBEDDED_ALIASES):
         from .llama import LlamaBackend
 
@@ -82,10 +91,11 @@ def load_pair(settings: Any, need_draft: bool = True) -> tuple[Backend, Backend 
     """``(target, draft or None, shared vocabulary width or None)`` from any object with ``target``,
     ``draft``, ``n_threads``, ``n_ctx``, ``device`` and ``dtype`` (a
     :class:`~verispec.settings.ModelSettings`, a bench/diagnose config or parsed CLI flags).
-    Without ``need_draft`` only the target is loaded."""
+    Without ``need_draft`` only the target is loaded; with ``draft = "ngram"`` (prompt lookup, no
+    draft model) the draft is None too."""
     kw = dict(n_threads=settings.n_threads, n_ctx=settings.n_ctx, device=settings.device, dtype=settings.dtype)
     target = load_backend(settings.target, role="target", **kw)
-    if not need_draft:
+    if not need_draft or is_ngram_draft(settings.draft):
         return target, None, None
     draft = load_backend(settings.draft, role="draft", **kw)
     return target, draft, check_compatible(target, draft)

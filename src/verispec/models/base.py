@@ -12,6 +12,23 @@ Conventions (all backends):
   continues from position ``length``.
 - ``vocab_size`` is the logits width, which may exceed the tokenizer's size (padded lm_head rows);
   :func:`check_compatible` returns the width the engine should slice both models' logits to.
+
+Draft trees (one verify forward over many candidate continuations):
+
+- Besides its ``n_cached`` committed tokens a backend may hold an open tree of ``n_tree`` nodes, ids
+  ``0 .. n_tree-1`` in insertion order. ``forward_tree(tokens, parents)`` appends nodes: ``parents[i] = -1``
+  (:data:`TREE_ROOT`) makes node ``i`` a child of the last committed token, otherwise ``parents[i]`` is the
+  id of an earlier node of the open tree (from this call or an earlier ``forward_tree`` since the last
+  commit). A node at depth ``d`` (roots: ``d = 0``) has position ``n_cached + d`` and attends to the
+  committed prefix and its own ancestors only. Returns logits ``[len(tokens), vocab_size]``, row ``i`` =
+  next-token logits after node ``i``'s path; may be called several times to grow the tree.
+- ``commit_tree_path(path)`` keeps the nodes ``path`` (ids from a root down, each the parent of the next;
+  may be empty) as committed tokens (``n_cached += len(path)``) and drops every other node.
+- ``rollback(length)`` also drops the open tree; ``forward`` while a tree is open raises ``ValueError``.
+- Bad parents and context overflow (``n_cached + max depth + 1 > context_length``) raise ``ValueError``
+  before any state changes; after a backend error the state is consistent (as for ``forward``).
+- A chain (every node's parent the previous node, ``-1`` first, across calls) costs what ``forward``
+  costs and leaves the same cache; committing a prefix of it is a rollback.
 """
 
 from __future__ import annotations
@@ -62,7 +79,21 @@ class Backend(Protocol):
         ...
 
     def rollback(self, length: int) -> None:
-        """Truncate the cache to its first ``length`` tokens (``0 <= length <= n_cached``)."""
+        """Truncate the cache to its first ``length`` tokens (``0 <= length <= n_cached``); drops an open tree."""
+        ...
+
+    @property
+    def n_tree(self) -> int:
+        """Number of nodes in the open draft tree (0 when none)."""
+        ...
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append tree nodes below the committed prefix (``parents[i]``: -1 or an earlier node id); logits
+        ``[len(tokens), vocab_size]``, row ``i`` = next-token logits after node ``i``'s path."""
+        ...
+
+    def commit_tree_path(self, path: Sequence[int]) -> None:
+        """Commit the root-down node ids ``path`` (``n_cached += len(path)``) and drop the rest of the tree."""
         ...
 
 
@@ -85,6 +116,72 @@ def check_forward_tokens(tokens: Sequence[int], n_cached: int, context_length: i
     if bad:
         raise ValueError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
     return toks
+
+
+TREE_ROOT = -1  # parents[i] of a root node: a child of the last committed token
+
+
+def check_tree_nodes(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    depths: Sequence[int],
+    n_cached: int,
+    context_length: int,
+    vocab: int,
+) -> tuple[list[int], list[int], list[int]]:
+    """Validate ``forward_tree`` arguments against the open tree whose node depths are ``depths``.
+
+    Returns ``(tokens, parents, depths of the new nodes)``; raises ``ValueError`` on an empty call,
+    mismatched lengths, a parent that is neither -1 nor an earlier node, a bad token id, or a node whose
+    path would not fit the context (``n_cached + depth + 1 > context_length``).
+    """
+    toks = [int(t) for t in tokens]
+    pars = [int(p) for p in parents]
+    if not toks:
+        raise ValueError("forward_tree needs at least one node")
+    if len(pars) != len(toks):
+        raise ValueError(f"forward_tree got {len(toks)} tokens but {len(pars)} parents")
+    n_old = len(depths)
+    new_depths: list[int] = []
+    for i, p in enumerate(pars):
+        if p == TREE_ROOT:
+            new_depths.append(0)
+        elif 0 <= p < n_old + i:
+            new_depths.append((depths[p] if p < n_old else new_depths[p - n_old]) + 1)
+        else:
+            raise ValueError(
+                f"bad parent {p} for tree node {n_old + i}: must be {TREE_ROOT} (a root) or the id of an earlier "
+                f"node (0..{n_old + i - 1})"
+            )
+    bad = [t for t in toks if t < 0 or t >= vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    deepest = max(new_depths)
+    if n_cached + deepest + 1 > context_length:
+        raise ValueError(
+            f"context overflow: {n_cached} cached tokens + a tree path of {deepest + 1} nodes exceed the context "
+            f"length {context_length}"
+        )
+    return toks, pars, new_depths
+
+
+def check_tree_path(path: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """Validate a ``commit_tree_path`` argument: node ids of the open tree from a root down."""
+    ids = [int(i) for i in path]
+    prev = TREE_ROOT
+    for i in ids:
+        if not 0 <= i < len(parents):
+            raise ValueError(f"tree path node {i} is not in the open tree of {len(parents)} nodes")
+        if parents[i] != prev:
+            raise ValueError(
+                f"tree path {ids} is not a root-down path: node {i}'s parent is {parents[i]}, not {prev}"
+            )
+        prev = i
+    return ids
+
+
+def tree_open_error(name: str) -> ValueError:
+    return ValueError(f"{name}: a draft tree is open; commit_tree_path(...) or rollback(...) before forward")
 
 
 # Pieces of ids that only pad a tokenizer / embedding matrix up to a round size.

@@ -1,4 +1,11 @@
-"""transformers backend: ``AutoModelForCausalLM`` with a ``DynamicCache`` that is cropped on rollback."""
+"""transformers backend: ``AutoModelForCausalLM`` with a ``DynamicCache`` that is cropped on rollback.
+
+Draft trees: the open tree's nodes sit in the cache after the committed prefix, in insertion order. A
+tree forward passes a 4-D additive mask ``[1, 1, n_new, n_cached + n_tree + n_new]`` (0 where a node may
+attend: the prefix, its ancestors, itself; the dtype's minimum elsewhere), which transformers hands to
+the attention as is, and ``position_ids = n_cached + depth``. Commit keeps the prefix plus the path's
+cache entries. A chain from the cache end is decoded as ``forward`` (no mask) and committed by cropping.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,14 @@ from typing import Any
 
 import torch
 
-from .base import check_forward_tokens, check_rollback_length
+from .base import (
+    TREE_ROOT,
+    check_forward_tokens,
+    check_rollback_length,
+    check_tree_nodes,
+    check_tree_path,
+    tree_open_error,
+)
 
 # Token strings that end a turn/sequence in common chat models (added to the configured EOS ids).
 _EOG_STRINGS = (
@@ -45,6 +59,12 @@ class HFBackend:
 
     ``dtype``: torch dtype (or its name, e.g. ``"float64"``) to convert the model to; None keeps the
     loaded dtype. Logits are returned as float32, or float64 when the model runs in float64.
+
+    ``capture_hidden``: layer indices as in ``output_hidden_states`` (0 = embedding output, ``L`` = the
+    last layer's output after the final norm, negative from the end). Then :attr:`last_hidden` holds the
+    hidden states of the tokens of the last ``forward``/``forward_tree`` call at those layers,
+    concatenated: ``[len(tokens), len(capture_hidden) * hidden_size]`` float32 on the CPU (None when not
+    captured); e.g. the low/mid/high layer states an EAGLE-3 draft head reads.
     """
 
     def __init__(
@@ -55,6 +75,7 @@ class HFBackend:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
         gguf_file: str | os.PathLike | None = None,
+        capture_hidden: Sequence[int] | None = None,
     ) -> None:
         import transformers
 
@@ -105,8 +126,21 @@ class HFBackend:
         # transformers 5.x renamed ``past_key_values`` to ``cache`` (old name deprecated).
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        n_states = int(cfg.get_text_config(decoder=True).num_hidden_layers) + 1
+        self.capture_hidden: list[int] | None = None
+        if capture_hidden is not None:
+            layers = [int(i) for i in capture_hidden]
+            bad = [i for i in layers if not -n_states <= i < n_states]
+            if not layers or bad:
+                raise ValueError(
+                    f"capture_hidden must be a non-empty list of hidden-state indices in {-n_states}..{n_states - 1} "
+                    f"(0 = embeddings, {n_states - 1} = last layer), got {list(capture_hidden)}"
+                )
+            self.capture_hidden = [i % n_states for i in layers]
+        self.last_hidden: torch.Tensor | None = None
         self._cache = None
         self._n = 0
+        self._drop_tree()
 
     # -- metadata --------------------------------------------------------------------------------
     def _find_eos_ids(self) -> set[int]:
@@ -162,24 +196,62 @@ class HFBackend:
     def n_cached(self) -> int:
         return self._n
 
+    @property
+    def n_tree(self) -> int:
+        return len(self._t_parent)
+
+    def _drop_tree(self) -> None:
+        self._t_parent: list[int] = []  # per open-tree node: parent id (TREE_ROOT for a root)
+        self._t_depth: list[int] = []  # per node: depth (roots 0); position = n_cached + depth
+        self._t_chain = True  # node i's parent is i - 1 for every node: plain causal decoding applies
+
     def reset(self) -> None:
         self._cache = None
         self._n = 0
+        self._drop_tree()
+
+    def _layers(self) -> list[Any]:
+        """The cache's per-layer objects with ``keys``/``values`` ``[batch, heads, seq, head_dim]``."""
+        layers = getattr(self._cache, "layers", None)
+        if layers is None:  # transformers 4.x: parallel lists
+            raise NotImplementedError(f"{self.name}: tree decoding needs a transformers 5 DynamicCache (cache.layers)")
+        if any(getattr(layer, "is_sliding", False) for layer in layers):
+            raise NotImplementedError(f"{self.name}: tree decoding does not support sliding-window cache layers")
+        return list(layers)
+
+    def _cache_length(self) -> int:
+        return 0 if self._cache is None else int(self._cache.get_seq_length())
+
+    def _truncate(self, length: int) -> None:
+        """Cut every layer of the cache to its first ``length`` entries (layers may differ after an error)."""
+        if self._cache is None:
+            return
+        if length == 0:
+            self._cache = None
+            return
+        layers = getattr(self._cache, "layers", None)
+        if layers is None:
+            drop = length - self._cache_length()
+            if drop:
+                self._cache.crop(drop)
+            return
+        for layer in layers:
+            keys = getattr(layer, "keys", None)
+            if keys is not None and keys.dim() == 4 and keys.shape[-2] > length:
+                layer.keys = keys[..., :length, :]
+                layer.values = layer.values[..., :length, :]
 
     def rollback(self, length: int) -> None:
         check_rollback_length(length, self._n)
-        if length == self._n:
-            return
+        total = self._n + len(self._t_parent)
+        self._drop_tree()
         if length == 0:
             self.reset()
-            return
-        self._cache.crop(length - self._n)  # negative = number of tokens to drop (all versions)
+        elif length < total:
+            self._cache.crop(length - total)  # negative = number of tokens to drop (all versions)
         self._n = length
 
-    @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> torch.Tensor:
-        """Append ``tokens``; float logits ``[len(tokens), vocab_size]`` or ``[1, vocab_size]`` (last row)."""
-        toks = check_forward_tokens(tokens, self._n, self.context_length, self.vocab_size)
+    def _ensure_cache(self) -> None:
         if self._cache is None:
             from transformers import DynamicCache
 
@@ -187,22 +259,97 @@ class HFBackend:
                 self._cache = DynamicCache(config=self.model.config)
             except TypeError:  # older transformers: no config argument
                 self._cache = DynamicCache()
-        n = len(toks)
+
+    def _run(self, toks: list[int], positions: list[int] | range, mask: torch.Tensor | None, last_only: bool):
+        """One model call appending ``toks`` to the cache; logits ``[len(toks) or 1, vocab]`` in the model's
+        dtype. On an error the cache is cut back to what it held before."""
+        self._ensure_cache()
+        before = self._cache_length()
         input_ids = torch.tensor([toks], dtype=torch.long, device=self.device)
-        position_ids = torch.arange(self._n, self._n + n, dtype=torch.long, device=self.device).unsqueeze(0)
+        position_ids = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {self._cache_kw: self._cache, "use_cache": True, "position_ids": position_ids}
-        if not all_logits and self._keep_kw is not None:
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if last_only and self._keep_kw is not None:
             kwargs[self._keep_kw] = 1
+        if self.capture_hidden is not None:
+            kwargs["output_hidden_states"] = True
+        self.last_hidden = None
         try:
             out = self.model(input_ids=input_ids, **kwargs)
         except BaseException:
-            self.reset()  # layers may have been extended unevenly; the cache is no longer trustworthy
+            self._truncate(before)  # layers may have been extended unevenly
             raise
-        self._n += n
+        if self.capture_hidden is not None:
+            states = out.hidden_states
+            self.last_hidden = torch.cat([states[i][0] for i in self.capture_hidden], dim=-1).to(
+                device="cpu", dtype=torch.float32
+            )
         logits = out.logits[0]
-        if not all_logits:
-            logits = logits[-1:]
+        return logits[-1:] if last_only else logits
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> torch.Tensor:
+        """Append ``tokens``; float logits ``[len(tokens), vocab_size]`` or ``[1, vocab_size]`` (last row)."""
+        if self._t_parent:
+            raise tree_open_error(self.name)
+        toks = check_forward_tokens(tokens, self._n, self.context_length, self.vocab_size)
+        logits = self._run(toks, range(self._n, self._n + len(toks)), None, last_only=not all_logits)
+        self._n += len(toks)
         return logits.to(device="cpu", dtype=self._out_dtype).clone()
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append draft-tree nodes (see :mod:`verispec.models.base`); logits ``[len(tokens), vocab_size]``."""
+        toks, pars, depths = check_tree_nodes(
+            tokens, parents, self._t_depth, self._n, self.context_length, self.vocab_size
+        )
+        n, n_old, m = self._n, len(self._t_parent), len(toks)
+        par = self._t_parent + pars
+        chain = self._t_chain and all(par[k] == k - 1 for k in range(n_old, n_old + m))
+        if chain:
+            mask = None
+        else:
+            self._ensure_cache()
+            self._layers()  # refuse caches whose entries cannot be selected (before any state changes)
+            # [1, 1, m, n + n_old + m]: the prefix and each node's ancestors-or-self are visible.
+            visible = torch.zeros((m, n + n_old + m), dtype=torch.bool)
+            visible[:, :n] = True
+            for i in range(m):
+                k = n_old + i
+                while k != TREE_ROOT:
+                    visible[i, n + k] = True
+                    k = par[k]
+            mask = torch.full(visible.shape, torch.finfo(self.dtype).min, dtype=self.dtype)
+            mask.masked_fill_(visible, 0.0)
+            mask = mask[None, None].to(self.device)
+        logits = self._run(toks, [n + d for d in depths], mask, last_only=False)
+        self._t_parent = par
+        self._t_depth = self._t_depth + depths
+        self._t_chain = chain
+        return logits.to(device="cpu", dtype=self._out_dtype).clone()
+
+    def commit_tree_path(self, path: Sequence[int]) -> None:
+        """Keep the root-down node ids ``path`` as committed tokens and drop the rest of the open tree."""
+        ids = check_tree_path(path, self._t_parent)
+        n, total = self._n, self._n + len(self._t_parent)
+        if ids == list(range(len(ids))):  # a prefix of the node order, e.g. of a chain: crop
+            if n + len(ids) < total:
+                if n + len(ids) == 0:
+                    self._cache = None
+                else:
+                    self._cache.crop(n + len(ids) - total)
+        else:
+            keep = torch.tensor(list(range(n)) + [n + i for i in ids], dtype=torch.long)
+            for layer in self._layers():
+                keys = getattr(layer, "keys", None)
+                if keys is None or keys.dim() != 4:
+                    continue
+                idx = keep.to(keys.device)
+                layer.keys = keys.index_select(-2, idx)
+                layer.values = layer.values.index_select(-2, idx)
+        self._n = n + len(ids)
+        self._drop_tree()
 
     def __repr__(self) -> str:
         return f"HFBackend({self.name!r}, vocab_size={self.vocab_size}, dtype={self.dtype})"

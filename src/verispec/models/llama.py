@@ -5,6 +5,17 @@ goes straight through ``llama_decode`` with per-position output flags, and logit
 view of ``llama_get_logits`` (only the rows of the new block are copied; ``Llama.eval``'s
 ``n_ctx x n_vocab`` score buffer is never touched). Rollback removes positions from the KV cache with
 ``llama_memory_seq_rm``.
+
+Draft trees use llama.cpp's sequence ids, which mask attention: a batch token tagged with sequence ids
+``[s, ...]`` is stored in a KV cell carrying all of them, and a query attends to the cells carrying its
+*first* id at positions ``<=`` its own. The committed prefix is sequence 0. Tree nodes that extend a
+single chain from the cache end also live in sequence 0 (decoded exactly as ``forward`` would); every
+other ("branch") node ``k`` gets its own sequence ``s_k``, first filled by ``llama_memory_seq_cp`` with
+what its nearest already-decoded ancestor sees, and added to the id lists of its ancestors decoded in
+the same batch. So the cells tagged ``s_k`` are exactly the prefix, ``k``'s ancestors and ``k``.
+Commit copies the kept path into sequence 0 and ``llama_memory_seq_keep(0)`` drops everything else.
+This needs a context with ``n_seq_max > max_tree_nodes`` and one KV buffer shared by all sequences
+(``kv_unified``; otherwise llama.cpp splits the cache per sequence).
 """
 
 from __future__ import annotations
@@ -17,7 +28,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import check_forward_tokens, check_rollback_length
+from .base import (
+    TREE_ROOT,
+    check_forward_tokens,
+    check_rollback_length,
+    check_tree_nodes,
+    check_tree_path,
+    tree_open_error,
+)
+
+CHAIN_SEQ = 0  # llama.cpp sequence of the committed prefix and of tree nodes that extend it as one chain
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -45,9 +65,15 @@ class LlamaBackend:
     ``n_ctx``: context (KV cache) size in tokens = ``context_length``. ``n_threads``: decode threads
     (default: ``$VERISPEC_THREADS``, else all cores; on a machine busy with other work, 1 thread can be
     much faster, since llama.cpp's threads synchronise at a spinning barrier after every op).
-    ``n_batch``: the largest block decoded at once (longer inputs are split).
+    ``n_batch``: the largest block decoded at once (longer inputs are split). ``n_ubatch``: the largest
+    block llama.cpp computes in one graph (default ``n_batch``; 1 makes every token's numerics those of
+    one-token decoding, since the quantised kernels differ between batch sizes).
     ``seed``: llama.cpp RNG seed (unused by ``forward``; kept for reproducibility of anything sampled
     inside llama.cpp).
+    ``max_tree_nodes``: most branch nodes (tree nodes off the single chain) an open draft tree may hold,
+    at most ``llama_max_parallel_sequences() - 1`` (255). The KV cache gets that many extra cells, so a
+    tree fits whenever its deepest path does; the context keeps one logits row per sequence (about
+    ``0.6 MB x max_tree_nodes`` for a 152k vocabulary). 0: chains only, with a plain one-sequence context.
     """
 
     def __init__(
@@ -57,7 +83,9 @@ class LlamaBackend:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_batch: int = 512,
+        n_ubatch: int | None = None,
         seed: int = 0,
+        max_tree_nodes: int = 255,
     ) -> None:
         path = Path(model_path).expanduser()
         if not path.is_file():
@@ -68,38 +96,60 @@ class LlamaBackend:
             raise ImportError(
                 "LlamaBackend needs llama-cpp-python: pip install 'verispec[llama]'"
             ) from e
-        self._lc = llama_cpp.llama_cpp if hasattr(llama_cpp, "llama_cpp") else llama_cpp
+        from llama_cpp import _internals
 
+        self._lc = llama_cpp.llama_cpp if hasattr(llama_cpp, "llama_cpp") else llama_cpp
+        max_seqs = int(self._lc.llama_max_parallel_sequences())
+        if not 0 <= int(max_tree_nodes) < max_seqs:
+            raise ValueError(
+                f"max_tree_nodes must be in 0..{max_seqs - 1} (llama.cpp's sequence limit), got {max_tree_nodes}"
+            )
+        self.max_tree_nodes = int(max_tree_nodes)
+
+        if int(n_ctx) < 1:
+            raise ValueError(f"n_ctx must be a positive number of tokens, got {n_ctx}")
         threads = int(n_threads) if n_threads else default_threads()
         n_batch = max(1, min(int(n_batch), int(n_ctx)))
+        n_ubatch = max(1, min(int(n_ubatch), n_batch)) if n_ubatch else n_batch
         self._llm = llama_cpp.Llama(
             model_path=str(path),
-            n_ctx=int(n_ctx),
+            n_ctx=int(n_ctx) + self.max_tree_nodes,
             n_batch=n_batch,
-            n_ubatch=n_batch,
+            n_ubatch=n_ubatch,
             n_threads=threads,
             n_threads_batch=threads,
             seed=int(seed),
             logits_all=False,
             verbose=False,
         )
+        if self.max_tree_nodes:
+            # Llama(...) has no arguments for these: rebuild its context with one sequence per branch node
+            # (plus the chain's) sharing a single KV buffer.
+            params = self._llm.context_params
+            params.n_seq_max = self.max_tree_nodes + 1
+            params.kv_unified = True
+            self._llm._ctx.close()
+            self._llm._ctx = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
         self.name = f"llama.cpp:{path}"
         self.path = path
         self.n_threads = threads
         self.n_batch = n_batch
         self._ctx = self._llm._ctx
+        self._mem = self._lc.llama_get_memory(self._ctx.ctx)
         self._model = self._llm._model
         self._vocab = self._model.vocab
-        self._batch = self._llm._batch  # llama_batch with room for n_batch tokens
+        # Room for n_batch tokens, each in up to max_tree_nodes + 1 sequences.
+        self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=self.max_tree_nodes + 1, verbose=False)
 
         self.vocab_size: int = int(self._llm.n_vocab())
         self.tokenizer_size: int = self.vocab_size  # GGUF vocabularies include their padding tokens
-        self.context_length: int = int(self._lc.llama_n_ctx(self._ctx.ctx))
+        self.context_length: int = min(int(n_ctx), int(self._lc.llama_n_ctx(self._ctx.ctx)) - self.max_tree_nodes)
         self.eos_token_ids: frozenset[int] = self._find_eog_ids()
         self.add_bos: bool = bool(self._model.add_bos_token())
         self.metadata: dict[str, str] = dict(self._llm.metadata)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._n = 0
+        self._drop_tree()
         self._ctx.kv_cache_clear()
 
     # -- metadata --------------------------------------------------------------------------------
@@ -169,19 +219,37 @@ class LlamaBackend:
     def n_cached(self) -> int:
         return self._n
 
+    @property
+    def n_tree(self) -> int:
+        return len(self._t_parent)
+
+    def _drop_tree(self) -> None:
+        self._t_parent: list[int] = []  # per open-tree node: parent id (TREE_ROOT for a root)
+        self._t_depth: list[int] = []  # per node: depth (roots 0); position = n_cached + depth
+        self._t_seq: list[int] = []  # per node: CHAIN_SEQ, or its own branch sequence 1..max_tree_nodes
+        self._chain_tail = TREE_ROOT  # deepest node in CHAIN_SEQ (TREE_ROOT: the chain is empty)
+        self._n_branch = 0  # branch nodes (= highest branch sequence in use)
+
     def reset(self) -> None:
         self._ctx.kv_cache_clear()
         self._n = 0
+        self._drop_tree()
 
     def rollback(self, length: int) -> None:
         check_rollback_length(length, self._n)
-        # Always ask llama.cpp (cheap), so the cache is right even if something else decoded into it.
-        if not self._ctx.kv_cache_seq_rm(0, length, -1):
+        if self._n_branch:
+            self._lc.llama_memory_seq_keep(self._mem, CHAIN_SEQ)
+        # Always ask llama.cpp (cheap), so the cache is right even if something else decoded into it;
+        # this also drops the chain part of an open tree.
+        if not self._ctx.kv_cache_seq_rm(CHAIN_SEQ, length, -1):
             raise RuntimeError(f"{self.name}: llama.cpp refused to truncate the KV cache to {length} tokens")
         self._n = length
+        self._drop_tree()
 
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> torch.Tensor:
         """Append ``tokens``; float32 logits ``[len(tokens), vocab_size]`` or ``[1, vocab_size]`` (last row)."""
+        if self._t_parent:
+            raise tree_open_error(self.name)
         toks = check_forward_tokens(tokens, self._n, self.context_length, self.vocab_size)
         n_vocab = self.vocab_size
         out = torch.empty((len(toks) if all_logits else 1, n_vocab), dtype=torch.float32)
@@ -216,10 +284,105 @@ class LlamaBackend:
                 out_np[0] = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
         return out
 
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append draft-tree nodes (see :mod:`verispec.models.base`); float32 logits ``[len(tokens), vocab_size]``.
+
+        Nodes are decoded in order of depth (parents before children, positions never decreasing within a
+        sequence), in blocks of ``n_batch``. A chain from the cache end is the same batch as ``forward``.
+        """
+        toks, pars, depths = check_tree_nodes(
+            tokens, parents, self._t_depth, self._n, self.context_length, self.vocab_size
+        )
+        lc, mem, n = self._lc, self._mem, self._n
+        n_old = len(self._t_parent)
+        par, dep, seq = self._t_parent + pars, self._t_depth + depths, list(self._t_seq)
+        tail, n_branch = self._chain_tail, self._n_branch
+        for k in range(n_old, n_old + len(toks)):
+            if par[k] == tail:  # extends the chain (a root only while the chain is empty)
+                seq.append(CHAIN_SEQ)
+                tail = k
+            else:
+                n_branch += 1
+                seq.append(n_branch)
+        if n_branch > self.max_tree_nodes:
+            raise ValueError(
+                f"{self.name}: the tree would have {n_branch} branch nodes (nodes off the single chain); this "
+                f"backend holds at most max_tree_nodes={self.max_tree_nodes}"
+            )
+
+        n_vocab = self.vocab_size
+        out = torch.empty((len(toks), n_vocab), dtype=torch.float32)
+        out_np = out.numpy()
+        b = self._batch.batch
+        order = sorted(range(n_old, n_old + len(toks)), key=lambda k: (dep[k], k))
+        try:
+            for start in range(0, len(order), self.n_batch):
+                block = order[start : start + self.n_batch]
+                in_block = set(block)
+                seq_ids = {k: [seq[k]] for k in block}
+                for k in block:
+                    if seq[k] == CHAIN_SEQ:
+                        continue
+                    a = par[k]
+                    while a in in_block:  # ancestors decoded together with k carry k's sequence too
+                        seq_ids[a].append(seq[k])
+                        a = par[a]
+                    # k sees what its nearest already-decoded ancestor a sees, and a itself
+                    if a == TREE_ROOT:
+                        lc.llama_memory_seq_cp(mem, CHAIN_SEQ, seq[k], -1, n)
+                    elif seq[a] == CHAIN_SEQ:
+                        lc.llama_memory_seq_cp(mem, CHAIN_SEQ, seq[k], -1, n + dep[a] + 1)
+                    else:
+                        lc.llama_memory_seq_cp(mem, seq[a], seq[k], -1, -1)
+                for i, k in enumerate(block):
+                    b.token[i] = toks[k - n_old]
+                    b.pos[i] = n + dep[k]
+                    ids = seq_ids[k]
+                    b.n_seq_id[i] = len(ids)
+                    for j, s in enumerate(ids):
+                        b.seq_id[i][j] = s
+                    b.logits[i] = True
+                b.n_tokens = len(block)
+                rc = lc.llama_decode(self._ctx.ctx, b)
+                if rc != 0:
+                    raise RuntimeError(f"{self.name}: llama_decode returned {rc}")
+                rows = np.ctypeslib.as_array(lc.llama_get_logits(self._ctx.ctx), shape=(len(block), n_vocab))
+                out_np[np.asarray(block) - n_old] = rows
+        except BaseException:
+            # Forget this call's nodes: its chain cells and its branch sequences.
+            old_chain = dep[self._chain_tail] + 1 if self._chain_tail != TREE_ROOT else 0
+            lc.llama_memory_seq_rm(mem, CHAIN_SEQ, n + old_chain, -1)
+            for s in range(self._n_branch + 1, n_branch + 1):
+                lc.llama_memory_seq_rm(mem, s, -1, -1)
+            raise
+        self._t_parent, self._t_depth, self._t_seq = par, dep, seq
+        self._chain_tail, self._n_branch = tail, n_branch
+        return out
+
+    def commit_tree_path(self, path: Sequence[int]) -> None:
+        """Keep the root-down node ids ``path`` as committed tokens and drop the rest of the open tree."""
+        ids = check_tree_path(path, self._t_parent)
+        lc, mem, n = self._lc, self._mem, self._n
+        n_chain = 0  # the path's chain part is a prefix of it: a branch node has no chain descendants
+        while n_chain < len(ids) and self._t_seq[ids[n_chain]] == CHAIN_SEQ:
+            n_chain += 1
+        lc.llama_memory_seq_rm(mem, CHAIN_SEQ, n + n_chain, -1)
+        if len(ids) > n_chain:
+            # The last node's sequence holds its whole path: move the branch part into the chain.
+            lc.llama_memory_seq_cp(mem, self._t_seq[ids[-1]], CHAIN_SEQ, n + n_chain, n + len(ids))
+        if self._n_branch:
+            lc.llama_memory_seq_keep(mem, CHAIN_SEQ)
+        self._n = n + len(ids)
+        self._drop_tree()
+
     def close(self) -> None:
         """Free the llama.cpp model and context now (otherwise done at garbage collection)."""
         llm, self._llm = getattr(self, "_llm", None), None
+        batch, self._batch = getattr(self, "_batch", None), None
+        if batch is not None:
+            batch.close()
         if llm is not None:
+            llm._ctx.close()  # the context we built is not on llm's own exit stack
             llm.close()
 
     def __repr__(self) -> str:

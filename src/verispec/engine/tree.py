@@ -1,0 +1,333 @@
+"""Draft trees: the spec shared by the API and the CLI (``--tree``), and growing a tree with a draft model.
+
+Tree layout (described once, here; :class:`verispec.rules.tree.DraftTree` consumes it): the root is
+the last committed token, which neither model has processed yet; node ``i`` has token ``tokens[i]``
+and parent ``parents[i]`` (``-1``: a child of the root, else an earlier node); parents come before
+children, siblings are listed in the order the verifier tries them (draft rank for deterministic
+candidates, draw order for sampled ones). Node ``i`` sits at depth ``depth(i)`` (roots' children: 0),
+so its position is ``committed + depth(i)``. A chain of ``γ`` tokens is the tree whose every node is
+the child of the previous one: the one code path of :func:`verispec.engine.generate` serves both.
+
+Tree specs (``TreeSpec.parse``):
+
+=====================================  =====================================================================
+``4,2,2,1`` or ``topk:4,2,2,1``         static: the ``b_d`` most probable draft tokens below every node of
+                                       depth ``d`` (deterministic candidates, EAGLE/SGLang style)
+``iid:4,2,2,1``                         static, children sampled i.i.d. from the draft (SpecInfer)
+``wor:4,2,2,1``                         static, children sampled without replacement (recursive SD)
+``dynamic:top_k=10,depth=5,nodes=60``   EAGLE-2: per depth expand the ``top_k`` best nodes by cumulative draft
+                                       log-probability, ``top_k`` children each; keep the ``nodes`` best
+=====================================  =====================================================================
+
+Deterministic candidates are ranked by the draft's *raw* log-probabilities (softmax of the logits at
+temperature 1, no truncation), as EAGLE does: the sampling pipeline's truncation would otherwise drop
+candidates the target may well accept. The verifier treats them as point masses (``q = δ_c``), so
+their ranking affects speed, never the lossless law. Sampled children are drawn from the processed
+draft ``q`` (that is what makes SpecInfer and recursive SD lossless).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from verispec.models.base import Backend
+from verispec.params import Param, parse_settings
+from verispec.rules import Rule
+from verispec.rules import tree as rules_tree
+from verispec.rules.base import sample_categorical
+from verispec.sampling import SamplingConfig
+
+#: Schemes of :mod:`verispec.rules.tree`, by the word used in a tree spec.
+SCHEME_WORDS = {"topk": "deterministic", "iid": "iid", "wor": "without_replacement",
+                "without_replacement": "without_replacement", "dynamic": "deterministic"}
+#: Largest tree the engine grows (llama.cpp gives every node its own sequence id).
+MAX_TREE_NODES = 255
+
+_DYNAMIC_PARAMS = (
+    Param("top_k", int, lambda v: 1 <= v <= 64, "an integer in [1, 64]", "children per expanded node", 10),
+    Param("depth", int, lambda v: 1 <= v <= 32, "an integer in [1, 32]", "tree depth", 5),
+    Param("nodes", int, lambda v: 1 <= v <= MAX_TREE_NODES, f"an integer in [1, {MAX_TREE_NODES}]",
+          "nodes kept", 60),
+)
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """How to grow a draft tree. ``kind``: ``"static"`` (``branching`` per depth) or ``"dynamic"``."""
+
+    kind: str
+    scheme: str                              # "deterministic", "iid" or "without_replacement"
+    branching: tuple[int, ...] = ()          # static
+    top_k: int = 0                           # dynamic
+    depth_limit: int = 0                     # dynamic
+    nodes: int = 0                           # dynamic
+
+    @classmethod
+    def chain(cls, gamma: int) -> "TreeSpec":
+        """The chain of ``gamma`` sampled draft tokens (ordinary speculative decoding)."""
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"a chain needs gamma >= 1 draft tokens, got {gamma!r}")
+        return cls("static", "iid", (1,) * gamma)
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeSpec":
+        if isinstance(text, TreeSpec):
+            return text
+        raw = str(text).strip().lower()
+        if not raw:
+            raise ValueError("empty tree spec; e.g. 4,2,2,1 or dynamic:top_k=10,depth=5,nodes=60")
+        word, sep, body = raw.partition(":")
+        if not sep and word[:1].isdigit():
+            word, body = "topk", raw
+        if word not in SCHEME_WORDS:
+            raise ValueError(f"unknown tree kind {word!r}: use topk:B1,B2,..., iid:..., wor:... (branching per "
+                             "depth, e.g. 4,2,2,1) or dynamic:top_k=10,depth=5,nodes=60")
+        if word == "dynamic":
+            values = {p.name: p.default for p in _DYNAMIC_PARAMS}
+            values.update(parse_settings(body, _DYNAMIC_PARAMS, owner="tree dynamic", positional=True))
+            return cls("dynamic", "deterministic", top_k=values["top_k"], depth_limit=values["depth"],
+                       nodes=values["nodes"])
+        try:
+            branching = tuple(int(x) for x in body.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"tree {word}: branching must be integers per depth, e.g. {word}:4,2,2,1; "
+                             f"got {body!r}") from None
+        if not branching or any(b < 1 for b in branching):
+            raise ValueError(f"tree {word}: give one branching factor >= 1 per depth, e.g. {word}:4,2,2,1; "
+                             f"got {body!r}")
+        spec = cls("static", SCHEME_WORDS[word], branching)
+        if spec.max_nodes > MAX_TREE_NODES:
+            raise ValueError(f"tree {spec.spec()} has {spec.max_nodes} nodes; at most {MAX_TREE_NODES} are supported")
+        return spec
+
+    @property
+    def depth(self) -> int:
+        return len(self.branching) if self.kind == "static" else self.depth_limit
+
+    @property
+    def max_nodes(self) -> int:
+        if self.kind == "dynamic":
+            return self.nodes
+        total, width = 0, 1
+        for b in self.branching:
+            width *= b
+            total += width
+        return total
+
+    @property
+    def is_chain(self) -> bool:
+        return self.kind == "static" and all(b == 1 for b in self.branching) and self.scheme == "iid"
+
+    def spec(self) -> str:
+        if self.kind == "dynamic":
+            return f"dynamic:top_k={self.top_k},depth={self.depth_limit},nodes={self.nodes}"
+        if self.is_chain:
+            return f"chain:{len(self.branching)}"
+        word = {"deterministic": "topk", "iid": "iid", "without_replacement": "wor"}[self.scheme]
+        return f"{word}:" + ",".join(map(str, self.branching))
+
+
+def check_tree_rule(rule: Rule, spec: TreeSpec) -> None:
+    """Refuse, before any decoding, a rule that has no form on the trees ``spec`` grows (the rules
+    layer checks every call the same way; see the table of :mod:`verispec.rules.tree`)."""
+    one_child = spec.kind == "static" and all(b == 1 for b in spec.branching)
+    branching = max(spec.branching) if spec.kind == "static" else spec.top_k
+    try:
+        rules_tree.check_tree_rule(rule, spec.scheme, branching, uniform_chain=one_child)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (tree {spec.spec()}: --tree topk:... and dynamic:... are deterministic "
+                         "candidates; --gamma drafts a sampled chain)") from None
+
+
+@dataclass
+class DraftProposal:
+    """A grown tree. ``q [N+1, V]``: the processed draft at the root (row 0) and after node ``i``
+    (row ``i+1``) where the draft model expanded it; other rows are uniform placeholders (leaves: no
+    children are drawn from them); None for drafts without a draft distribution (prompt lookup, an
+    EAGLE-3 head: deterministic candidates). ``in_draft[i]``: node ``i``'s id in the draft model's open tree,
+    or ``-1`` when the draft model never processed it."""
+
+    tokens: list[int]
+    parents: list[int]
+    q: torch.Tensor | None
+    scheme: str
+    in_draft: list[int] = field(default_factory=list)
+    draft_forwards: int = 0
+    expanded: list[bool] = field(default_factory=list)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.tokens)
+
+    def depths(self) -> list[int]:
+        out: list[int] = []
+        for par in self.parents:
+            out.append(0 if par < 0 else out[par] + 1)
+        return out
+
+    def children(self, node: int) -> list[int]:
+        """Children of ``node`` (``-1``: the root) in verification order."""
+        return [i for i, par in enumerate(self.parents) if par == node]
+
+
+def lookup_proposal(tokens: list[int]) -> DraftProposal:
+    """A chain proposed without a draft model (prompt lookup): deterministic candidates, so the rules
+    see point masses and there is no ``q``."""
+    k = len(tokens)
+    return DraftProposal(list(tokens), list(range(-1, k - 1)), None, "deterministic", [-1] * k, 0, [False] * k)
+
+
+def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
+              generator: torch.Generator, max_depth: int | None = None, timing=None) -> DraftProposal:
+    """Feed ``pending`` (committed tokens the draft has not seen; the last one is the root) and grow
+    the tree ``spec`` below it, at most ``max_depth`` deep. One draft forward per depth that has
+    nodes to expand (all of them at once). ``timing(name)`` is a :meth:`Stats.timing`-like context
+    factory for ``draft_s`` / ``rule_s`` (optional)."""
+    timed = timing or (lambda name: _NoTimer())
+    depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
+    with timed("draft_s"):
+        root_logits = draft.forward(pending, all_logits=False)[:, :width]
+    forwards = 1
+    with timed("rule_s"):
+        q_root = sampling.process(root_logits)[0]
+    tokens: list[int] = []
+    parents: list[int] = []
+    in_draft: list[int] = []
+    q_of: dict[int, torch.Tensor] = {-1: q_root}
+    logits_of: dict[int, torch.Tensor] = {-1: root_logits[0]}
+    draft_ids = 0
+
+    if spec.kind == "static":
+        frontier = [-1]
+        for d in range(depth):
+            new: list[int] = []
+            with timed("rule_s"):
+                for node in frontier:
+                    for tok in _children(q_of[node], logits_of[node], spec.branching[d], spec.scheme, generator):
+                        tokens.append(tok)
+                        parents.append(node)
+                        in_draft.append(-1)
+                        new.append(len(tokens) - 1)
+            if d == depth - 1 or not new:
+                break
+            with timed("draft_s"):
+                logits = draft.forward_tree([tokens[i] for i in new], [in_draft[parents[i]] if parents[i] >= 0
+                                                                        else -1 for i in new])[:, :width]
+            forwards += 1
+            with timed("rule_s"):
+                probs = sampling.process(logits)
+            for row, i in enumerate(new):
+                in_draft[i] = draft_ids
+                draft_ids += 1
+                q_of[i], logits_of[i] = probs[row], logits[row]
+            frontier = new
+    else:
+        tokens, parents, in_draft, forwards_more = _grow_dynamic(draft, spec, depth, sampling, width, q_of,
+                                                                 logits_of, timed)
+        forwards += forwards_more
+
+    with timed("rule_s"):
+        vocab = q_root.shape[-1]
+        uniform = torch.full((vocab,), 1.0 / vocab, dtype=q_root.dtype)
+        q = torch.stack([q_root] + [q_of.get(i, uniform) for i in range(len(tokens))])
+    expanded = [i in q_of for i in range(len(tokens))]
+    return DraftProposal(tokens, parents, q, spec.scheme, in_draft, forwards, expanded)
+
+
+def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: str, generator: torch.Generator) -> list[int]:
+    """``k`` children below a node: the ``k`` best raw draft tokens (deterministic), ``k`` i.i.d. draws
+    from ``q``, or ``k`` draws without replacement (fewer when ``q`` has fewer tokens)."""
+    if scheme == "deterministic":
+        return torch.topk(logits, k).indices.tolist()
+    if scheme == "iid":
+        return sample_categorical(q.expand(k, -1), generator).tolist() if k > 1 else \
+            sample_categorical(q[None], generator).tolist()
+    out: list[int] = []
+    rest = q.clone()
+    for _ in range(k):
+        if float(rest.sum()) <= 0:
+            break
+        tok = int(sample_categorical(rest[None], generator)[0])
+        out.append(tok)
+        rest[tok] = 0.0
+    return out
+
+
+def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: SamplingConfig, width: int,
+                  q_of: dict, logits_of: dict, timed) -> tuple[list[int], list[int], list[int], int]:
+    """EAGLE-2 growth: candidates carry cumulative raw draft log-probabilities; per depth the
+    ``top_k`` best candidates of that depth are expanded (one draft forward), each proposing its
+    ``top_k`` best children; finally the ``nodes`` best candidates are kept (each with its parent)
+    and laid out depth by depth, siblings by rank."""
+    k = spec.top_k
+    cand_tok: list[int] = []
+    cand_par: list[int] = []
+    cand_score: list[float] = []
+    cand_draft: list[int] = []
+    forwards = 0
+
+    def propose(node: int, base: float) -> list[int]:
+        logp = torch.log_softmax(logits_of[node].double(), -1)
+        top = torch.topk(logp, k)
+        new = []
+        for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+            cand_tok.append(tok)
+            cand_par.append(node)
+            cand_score.append(base + lp)
+            cand_draft.append(-1)
+            new.append(len(cand_tok) - 1)
+        return new
+
+    with timed("rule_s"):
+        level = propose(-1, 0.0)
+    draft_ids = 0
+    for _ in range(1, depth):
+        frontier = sorted(level, key=lambda i: -cand_score[i])[:k]
+        with timed("draft_s"):
+            parents = [cand_draft[cand_par[i]] if cand_par[i] >= 0 else -1 for i in frontier]
+            logits = draft.forward_tree([cand_tok[i] for i in frontier], parents)[:, :width]
+        forwards += 1
+        with timed("rule_s"):
+            probs = sampling.process(logits)
+            level = []
+            for row, i in enumerate(frontier):
+                cand_draft[i] = draft_ids
+                draft_ids += 1
+                q_of[("c", i)], logits_of[i] = probs[row], logits[row]
+                level += propose(i, cand_score[i])
+
+    with timed("rule_s"):
+        keep: set[int] = set()
+        for i in sorted(range(len(cand_tok)), key=lambda i: -cand_score[i]):
+            if len(keep) >= spec.nodes:
+                break
+            if cand_par[i] < 0 or cand_par[i] in keep:
+                keep.add(i)
+        # Lay out depth by depth; siblings by score (draft rank); parents first.
+        order: list[int] = []
+        queue = [i for i in range(len(cand_tok)) if cand_par[i] < 0 and i in keep]
+        while queue:
+            queue.sort(key=lambda i: (order.index(cand_par[i]) if cand_par[i] >= 0 else -1, -cand_score[i]))
+            order += queue
+            placed = set(queue)
+            queue = [i for i in range(len(cand_tok)) if i in keep and cand_par[i] in placed]
+        new_index = {c: j for j, c in enumerate(order)}
+        tokens = [cand_tok[c] for c in order]
+        parents = [new_index[cand_par[c]] if cand_par[c] >= 0 else -1 for c in order]
+        in_draft = [cand_draft[c] for c in order]
+        for c in order:
+            if ("c", c) in q_of:
+                q_of[new_index[c]] = q_of.pop(("c", c))
+        for key in [key for key in q_of if isinstance(key, tuple)]:
+            del q_of[key]
+    return tokens, parents, in_draft, forwards
+
+
+class _NoTimer:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None

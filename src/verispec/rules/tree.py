@@ -1,0 +1,635 @@
+"""Tree (multi-draft) verification: exact, batched, with closed forms (spec §1.4 and §4).
+
+A draft tree is data (:class:`DraftTree`: node tokens and parent indices, one tree per batch row);
+:func:`verify_tree` consumes it in one call, and a chain is the degenerate tree.
+
+Per node, with current target distribution ``g`` (initially ``p`` at the node) and children
+``c_1..c_m`` tried in index order, each child is accepted with probability ``a_k`` and on rejection
+``g`` (and for sampling without replacement ``q``) is updated before the next sibling:
+
+=======================  =============================================  =============================================
+scheme                   accept ``c`` (lossless rule)                   on reject
+=======================  =============================================  =============================================
+``iid`` (SpecInfer)      ``min(1, g(c)/q(c))``                          ``g ← rule.residual(g, q)`` = norm((g − q)_+)
+``without_replacement``  ``min(1, g(c)/q_k(c))``                        the same with ``q_k``, then
+(recursive SD)                                                          ``q_{k+1} ← norm(q_k·1_{V∖{c}})``
+``deterministic``        ``rule.accept_prob_at(g, δ_c, c)`` = ``g(c)``  ``g(c) ← 0``, renormalise (fallback: the
+(EAGLE / SGLang top-k)   (lenience ``min(1, g(c)/ℓ)``, …)               node's original ``p``); duplicates skipped
+=======================  =============================================  =============================================
+
+A node whose children are all rejected emits ``z ~ rule.bonus(g_final)``: the rule's target-side draw
+(``g_final`` itself for every per-token rule, its argmax for ``greedy``). An accepted child with
+children is descended into (fresh ``g`` = ``p`` there); an accepted leaf emits the bonus
+``z ~ rule.bonus(p_leaf)``. In the sampled schemes the acceptance and the update are the rule's own
+``accept_prob_at`` and ``residual``, so a node with one child is exactly one chain position of the
+rule (any per-token rule, lossy ones included, is allowed on sampled trees whose nodes have at most
+one child). A rejection update whose mass vanishes falls back as the rule's residual does (sampled)
+or to the node's ``p`` (deterministic); both happen only through rounding.
+
+Tree forms of the registered rules (``chain`` = every row a chain of the same length without padding,
+sampled, or of any scheme for ``block`` / ``hsd``; ``sampled`` = ``iid`` / ``without_replacement`` with
+a node of two or more children):
+
+======================  ===============  ==============================================  ============
+rule                    chain            deterministic tree                              sampled
+======================  ===============  ==============================================  ============
+``lossless``            ``rule.verify``  accept ``g(c)``: lossless for any candidates    lossless
+``greedy``              ``rule.verify``  accept iff ``c = argmax g``; law δ_argmax p     same law (1)
+``block``, ``hsd``      ``rule.verify``  chains only (``q = δ_c``, still lossless)       refused
+``lenience:ell``        ``rule.verify``  ``min(1, g(c)/ℓ)`` (§2.1(6), §4)                refused (2)
+``ceiling`` base=p      ``rule.verify``  ``min(1, κ·g(c))`` = lenience ``ℓ = 1/κ``       refused (2)
+``speccascade``         ``rule.verify``  ``1[c ∈ A_minp(g)]``, zero-and-renormalise (3)  refused (2)
+``typical``             ``rule.verify``  ``1[c ∈ A_η(g)]`` hard indicator (3), (4)       refused (2)
+``cos_we``, ``cos_cd``  ``rule.verify``  refused (5)                                     refused (2)
+``ceiling`` base=we|cd  ``rule.verify``  refused (5)                                     refused (2)
+``cascade``             ``rule.verify``  refused (5)                                     refused (2)
+======================  ===============  ==============================================  ============
+
+(1) On sampled trees greedy accepts iff ``c = argmax p`` and its residual is ``δ_argmax p``, which
+    has the same decisions as zeroing the rejected candidate; the emitted token is always argmax p.
+(2) Only rules with ``is_lossless`` true (``lossless``, ``greedy``, and the lossless settings
+    ``lenience:ell=1``, ``cos_we:lam=1``, ``cos_cd:mu=0``, ``ceiling:kappa=1``) have a defined
+    multi-child form for sampled children; a lossy rule there raises ``ValueError`` pointing to
+    ``scheme="deterministic"`` (spec §4) or to chains.
+(3) On rejecting a deterministic candidate every rule zeroes ``g(c)`` and renormalises (the RI §4
+    update), whereas the chain residual of ``speccascade`` / ``typical`` samples the full ``p``: a
+    rejected candidate is not re-emitted by the correction, which is what makes the next sibling a
+    fresh proposal. Hence per-token rules on ``deterministic`` chains take the tree path (so the law
+    of a deterministic tree does not depend on whether it branches); sampled chains go to
+    ``rule.verify``. For min-p the node emits the first candidate in ``A`` surely (membership is
+    invariant under removing non-members); the η set is recomputed on the renormalised ``g``.
+(4) Our ``typical`` keeps its chain acceptance, the hard ``1[g(c) >= θ(g)]``; the reference code's
+    EAGLE path uses the soft ``min(1, g(c)/θ(g))`` in trees (spec §4). Candidates with ``g(c) >= θ``
+    are accepted surely in both; ours never accepts one below the threshold (except the argmax of
+    ``g``, which the η set always keeps).
+(5) These rules read the draft's full distribution ``q`` at the node, and a deterministic candidate
+    is a point mass ``δ_c``, under which they degenerate: ``cos_we`` accepts the first candidate with
+    probability ``>= 1 − λ`` whatever ``p`` says (law ``λp + (1 − λ)δ_c``), ``cos_cd`` (draft floored
+    at its smallest positive probability) becomes plain ``lossless`` with ``μ`` ignored, the ceiling on
+    an ensemble inherits those, and ``cascade`` chow/diff/opt always defer to the point mass. We refuse
+    them with a ``ValueError`` (spec §1.4: EAGLE-3 has no full ``q``; CoS is not wired in the RI tree
+    path) instead of running those degenerate forms; their lossless settings are allowed.
+
+Randomness: one uniform ``u ~ U[0, 1)`` per (depth, sibling rank) for the whole batch (``u < a``
+accepts, so ``a = 0`` never does), then one :func:`~verispec.rules.base.sample_categorical` draw per
+row for the next token. Rows are vectorised; Python loops run over depth and sibling rank only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from verispec.rules.base import (
+    PerTokenRule,
+    Rule,
+    as_float,
+    check_distribution,
+    normalize_or,
+    sample_categorical,
+)
+from verispec.rules.collaborative import CeilingOnTarget, Lenience
+from verispec.rules.lossless import Greedy, Lossless
+from verispec.rules.truncation import SpecCascade, Typical
+
+SCHEMES = ("iid", "without_replacement", "deterministic")
+SAMPLED_SCHEMES = ("iid", "without_replacement")
+
+#: ``parents`` value of a padding node (allowed only after all real nodes of its row).
+PAD_PARENT = -2
+#: ``parents`` value of a child of the root.
+ROOT_PARENT = -1
+#: Padding in ``path`` and in candidate / children lists.
+NO_NODE = -1
+
+#: Per-token rules with a §4 form for point-mass (deterministic) candidates; any instance whose
+#: ``is_lossless`` is true is allowed as well (see the module table).
+POINT_MASS_RULES = (Lossless, Greedy, Lenience, CeilingOnTarget, SpecCascade, Typical)
+
+#: Largest number of candidate tuples :func:`sampled_node_law` enumerates.
+MAX_ENUMERATION = 200_000
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """A batch of draft trees below a root (the root = the last committed token; its next-token
+    distributions are row 0 of ``p`` and ``q``).
+
+    ``tokens``:  ``[B, N]`` int64 node tokens (padding nodes: any value).
+    ``parents``: ``[B, N]`` int64; ``-1`` (:data:`ROOT_PARENT`) for a child of the root, else an index
+    ``j < i``; :data:`PAD_PARENT` (``-2``) marks padding nodes, allowed only after all real nodes of
+    that row.
+    ``scheme``:  how children were proposed: ``"iid"`` (sampled with replacement from ``q`` at the
+    parent: SpecInfer), ``"without_replacement"`` (sampled sequentially from ``q`` with earlier
+    siblings removed: recursive SD), ``"deterministic"`` (fixed candidates, e.g. top-k: EAGLE /
+    SGLang). Siblings are tried in index order.
+
+    Derived (computed once): ``n_nodes [B]``, ``depth [B, N]`` (1 for a child of the root, 0 for
+    padding), ``max_depth``, ``is_chain [B]``, ``children [B, N+1, M]`` (slot 0 = the root, slot
+    ``i+1`` = node ``i``; children in index order, padded with ``-1``), ``n_children [B, N+1]``,
+    ``max_branching`` (= M).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    scheme: str = "deterministic"
+
+    def __post_init__(self) -> None:
+        tokens, parents = self.tokens, self.parents
+        if not isinstance(tokens, torch.Tensor) or not isinstance(parents, torch.Tensor):
+            raise TypeError("DraftTree: tokens and parents must be torch tensors")
+        if tokens.dim() != 2 or parents.shape != tokens.shape:
+            raise ValueError(
+                "DraftTree expects tokens: [B, N] and parents: [B, N] of the same shape; got "
+                f"tokens {tuple(tokens.shape)}, parents {tuple(parents.shape)}"
+            )
+        for name, t in (("tokens", tokens), ("parents", parents)):
+            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                raise TypeError(f"DraftTree: {name} must be an integer tensor, got {t.dtype}")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"DraftTree: unknown scheme {self.scheme!r}; valid schemes: {', '.join(SCHEMES)}")
+        tokens, parents = tokens.long(), parents.to(device=tokens.device, dtype=torch.long)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+
+        n = tokens.shape[1]
+        pad = parents == PAD_PARENT
+        index = torch.arange(n, device=tokens.device)
+        bad = ~pad & ((parents < ROOT_PARENT) | (parents >= index))
+        if bad.any():
+            b, i = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(
+                f"DraftTree: node {i} of row {b} has parent {int(parents[b, i])}; a parent must be -1 (the root) "
+                f"or an earlier node index 0..{i - 1} (PAD_PARENT = {PAD_PARENT} marks padding)"
+            )
+        if n > 1 and (pad[:, :-1] & ~pad[:, 1:]).any():
+            b = int((pad[:, :-1] & ~pad[:, 1:]).any(-1).nonzero()[0])
+            raise ValueError(f"DraftTree: row {b} has a real node after a padding node; padding goes last")
+        if (~pad & (tokens < 0)).any():
+            b, i = (int(v) for v in (~pad & (tokens < 0)).nonzero()[0])
+            raise ValueError(f"DraftTree: node {i} of row {b} has negative token id {int(tokens[b, i])}")
+        if self.scheme == "without_replacement":
+            dup = self._duplicate_siblings()
+            if dup is not None:
+                raise ValueError(
+                    f"DraftTree: row {dup[0]} has two siblings with token {dup[1]}, impossible when sampling "
+                    "without replacement; use scheme 'iid' (with replacement) or remove the duplicate"
+                )
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, scheme: str = "iid") -> DraftTree:
+        """The chain ``x_1..x_G`` of each row: ``tokens [B, G]``, node ``i``'s parent is ``i − 1``."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            raise ValueError(f"DraftTree.chain expects tokens [B, G], got {getattr(tokens, 'shape', type(tokens))}")
+        gamma = tokens.shape[1]
+        parents = (torch.arange(gamma, device=tokens.device) - 1).expand(tokens.shape[0], gamma)
+        return cls(tokens, parents.contiguous(), scheme)
+
+    @classmethod
+    def from_rows(cls, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
+                  scheme: str = "deterministic") -> DraftTree:
+        """Stack per-row lists of unequal length into a padded batch (padding: token 0, PAD_PARENT)."""
+        if len(tokens) != len(parents):
+            raise ValueError(f"DraftTree.from_rows: {len(tokens)} token rows but {len(parents)} parent rows")
+        width = max((len(t) for t in tokens), default=0)
+        tok = torch.zeros(len(tokens), width, dtype=torch.long)
+        par = torch.full((len(tokens), width), PAD_PARENT, dtype=torch.long)
+        for b, (t, pa) in enumerate(zip(tokens, parents)):
+            if len(t) != len(pa):
+                raise ValueError(f"DraftTree.from_rows: row {b} has {len(t)} tokens but {len(pa)} parents")
+            tok[b, : len(t)] = torch.tensor(list(t), dtype=torch.long)
+            par[b, : len(pa)] = torch.tensor(list(pa), dtype=torch.long)
+        return cls(tok, par, scheme)
+
+    # -- derived layout -------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def width(self) -> int:
+        """N, the number of node slots per row (real nodes and padding)."""
+        return self.tokens.shape[1]
+
+    @cached_property
+    def is_real(self) -> torch.Tensor:
+        """``[B, N]`` bool: not a padding node."""
+        return self.parents != PAD_PARENT
+
+    @cached_property
+    def n_nodes(self) -> torch.Tensor:
+        """``[B]`` number of real nodes per row."""
+        return self.is_real.long().sum(-1)
+
+    @cached_property
+    def depth(self) -> torch.Tensor:
+        """``[B, N]`` number of nodes on the path root → node (1 for a child of the root, 0 for padding)."""
+        depth = torch.zeros_like(self.parents)
+        for i in range(self.width):
+            par = self.parents[:, i]
+            above = depth.gather(1, par.clamp_min(0)[:, None])[:, 0]
+            depth[:, i] = torch.where(par == ROOT_PARENT, 1, torch.where(par >= 0, above + 1, 0))
+        return depth
+
+    @cached_property
+    def max_depth(self) -> int:
+        """D, the longest root → leaf path in the batch (0 for a batch without nodes)."""
+        return int(self.depth.max()) if self.depth.numel() else 0
+
+    @cached_property
+    def is_chain(self) -> torch.Tensor:
+        """``[B]`` bool: the real nodes form one chain (node ``i``'s parent is ``i − 1``, ``-1`` first)."""
+        expect = torch.arange(self.width, device=self.parents.device) - 1
+        return ((self.parents == expect) | ~self.is_real).all(-1)
+
+    @cached_property
+    def _slots_and_ranks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = torch.where(self.is_real, self.parents + 1, -1)   # parent's row in p / q (root: 0)
+        rank = torch.zeros_like(slot)
+        for i in range(1, self.width):
+            rank[:, i] = (slot[:, :i] == slot[:, i : i + 1]).long().sum(-1)
+        return slot, rank
+
+    @cached_property
+    def n_children(self) -> torch.Tensor:
+        """``[B, N+1]`` number of children of the root (slot 0) and of each node (slot ``i+1``)."""
+        slot, _ = self._slots_and_ranks
+        counts = torch.zeros(self.batch_size, self.width + 2, dtype=torch.long, device=slot.device)
+        counts.scatter_add_(1, torch.where(slot >= 0, slot, self.width + 1), torch.ones_like(slot))
+        return counts[:, : self.width + 1]
+
+    @cached_property
+    def max_branching(self) -> int:
+        return int(self.n_children.max()) if self.n_children.numel() else 0
+
+    @cached_property
+    def children(self) -> torch.Tensor:
+        """``[B, N+1, M]`` node indices of the children of each slot in index order, padded with ``-1``."""
+        slot, rank = self._slots_and_ranks
+        table = torch.full((self.batch_size, self.width + 1, self.max_branching), NO_NODE,
+                           dtype=torch.long, device=slot.device)
+        b, i = self.is_real.nonzero(as_tuple=True)
+        table[b, slot[b, i], rank[b, i]] = i
+        return table
+
+    def _duplicate_siblings(self) -> tuple[int, int] | None:
+        """``(row, token)`` of the first pair of siblings with equal tokens, or None."""
+        slot, _ = self._slots_and_ranks
+        same = (slot[:, :, None] == slot[:, None, :]) & (self.tokens[:, :, None] == self.tokens[:, None, :])
+        same &= self.is_real[:, :, None] & self.is_real[:, None, :]
+        same &= ~torch.eye(self.width, dtype=torch.bool, device=slot.device)
+        if not same.any():
+            return None
+        b, i, _ = (int(v) for v in same.nonzero()[0])
+        return b, int(self.tokens[b, i])
+
+    def is_uniform_chain(self) -> bool:
+        """Every row is a chain of all N >= 1 slots (no padding): what ``rule.verify`` takes."""
+        return self.width >= 1 and bool(self.is_chain.all()) and bool(self.is_real.all())
+
+
+# -- which rule has which tree form ----------------------------------------------------------------
+
+def check_tree_rule(rule: Rule, scheme: str, max_branching: int, uniform_chain: bool = False) -> None:
+    """Raise ``ValueError`` unless ``rule`` has a tree form for ``scheme`` (see the module table)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown tree scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
+    if not rule.per_token or not isinstance(rule, PerTokenRule):
+        if uniform_chain:
+            return
+        raise ValueError(
+            f"rule {rule.spec()!r} is defined on chains only (a sequence-level rule over one draft block); "
+            "pass a DraftTree.chain of equal length in every row, or use a per-token rule (e.g. lossless) on trees"
+        )
+    if rule.is_lossless:
+        return
+    if scheme == "deterministic":
+        if not isinstance(rule, POINT_MASS_RULES):
+            raise ValueError(
+                f"rule {rule.spec()!r} reads the draft's full distribution q, and a deterministic candidate is a "
+                "point mass δ_c under which it degenerates (see verispec.rules.tree); it has no deterministic-tree "
+                "form. Use it on a sampled chain (DraftTree.chain, scheme 'iid'), or use lossless, greedy, "
+                "lenience, ceiling (base=p), speccascade or typical on deterministic trees"
+            )
+        return
+    if max_branching > 1 and not uniform_chain:
+        raise ValueError(
+            f"rule {rule.spec()!r} is lossy: with {scheme} sampled children it is defined only on chains (one "
+            "child per node); for trees with branching > 1 use scheme 'deterministic' (fixed candidates, "
+            "spec §4), or a lossless rule (lossless, greedy) with sampled children"
+        )
+
+
+# -- the node step, shared by the sampler and the closed forms -------------------------------------
+
+def _point_mass(tok: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like).scatter_(-1, tok[:, None], 1.0)
+
+
+def _accept_prob(rule: PerTokenRule, scheme: str, g: torch.Tensor, q_k: torch.Tensor | None,
+                 tok: torch.Tensor) -> torch.Tensor:
+    """Acceptance probability of candidate ``tok [R]`` at target ``g [R, V]``. ``-> [R]``."""
+    draft = _point_mass(tok, g) if scheme == "deterministic" else q_k
+    return rule.accept_prob_at(g, draft, tok).clamp(0.0, 1.0)
+
+
+def _reject(rule: PerTokenRule, scheme: str, g: torch.Tensor, q_k: torch.Tensor | None, tok: torch.Tensor,
+            p_node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(g, q_k)`` after rejecting ``tok``; rows ``[R, V]``."""
+    if scheme == "deterministic":
+        return normalize_or(g.scatter(-1, tok[:, None], 0.0), p_node), None
+    g = rule.residual(g, q_k)
+    if scheme == "without_replacement":
+        q_k = normalize_or(q_k.scatter(-1, tok[:, None], 0.0), q_k)
+    return g, q_k
+
+
+# -- the sampler --------------------------------------------------------------------------------------
+
+def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: DraftTree,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify a batch of draft trees.
+
+    ``p: [B, N+1, V]`` processed target: row 0 at the root, row ``i+1`` after node ``i``.
+    ``q: [B, N+1, V]`` processed draft at the same rows (node ``i``'s children were sampled from row
+    ``i+1``, the root's from row 0; rows of leaves and padding are not read), or None for scheme
+    ``"deterministic"`` (ignored there: candidates are point masses).
+    ``-> (path [B, D] int64`` node indices of the accepted path from the root down, padded with -1,
+    ``D = tree.max_depth``; ``n_accepted [B]`` int64 = path length; ``next_token [B]`` int64 = the
+    correction or bonus token).
+
+    A sampled chain of equal length in every row, and any chain for a chain-only rule (``block``,
+    ``hsd``), goes to ``rule.verify`` unchanged (bit-identical results for the same generator; on a
+    deterministic chain the draft is ``q = δ_x``).
+    """
+    if not isinstance(tree, DraftTree):
+        raise TypeError(f"verify_tree expects a DraftTree, got {type(tree).__name__}")
+    p, q = _check_tree_inputs(p, q, tree)
+    uniform_chain = tree.is_uniform_chain()
+    check_tree_rule(rule, tree.scheme, tree.max_branching, uniform_chain)
+    deterministic = tree.scheme == "deterministic"
+    if uniform_chain and not (deterministic and rule.per_token):
+        tokens = tree.tokens.to(p.device)
+        q_chain = _point_mass_rows(tokens, p) if deterministic else q[:, : tree.width]
+        n_accepted, next_token = rule.verify(p, q_chain, tokens, generator)
+        steps = torch.arange(tree.width, device=p.device)
+        path = torch.where(steps < n_accepted[:, None], steps, NO_NODE)
+        return path, n_accepted, next_token
+    return _verify_tree_path(rule, p, q, tree, generator)
+
+
+def _point_mass_rows(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """One-hot draft rows ``[B, G, V]`` for chain tokens ``[B, G]``."""
+    out = torch.zeros(*tokens.shape, like.shape[-1], dtype=like.dtype, device=like.device)
+    return out.scatter_(-1, tokens[..., None], 1.0)
+
+
+def _verify_tree_path(rule: PerTokenRule, p: torch.Tensor, q: torch.Tensor | None, tree: DraftTree,
+                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scheme = tree.scheme
+    deterministic = scheme == "deterministic"
+    batch, vocab, device = p.shape[0], p.shape[-1], p.device
+    tokens = tree.tokens.to(device)
+    children = tree.children.to(device)                                   # [B, N+1, M]
+    n_children = tree.n_children.to(device)                               # [B, N+1]
+    depth = tree.max_depth
+    rows = torch.arange(batch, device=device)
+
+    path = torch.full((batch, depth), NO_NODE, dtype=torch.long, device=device)
+    n_accepted = torch.zeros(batch, dtype=torch.long, device=device)
+    final = torch.zeros(batch, vocab, dtype=p.dtype, device=device)       # the next token's law per row
+    slot = torch.zeros(batch, dtype=torch.long, device=device)            # current node's row in p / q
+    running = torch.ones(batch, dtype=torch.bool, device=device)
+    for level in range(depth + 1):
+        p_node = p[rows, slot]                                            # [B, V]
+        g = p_node
+        q_k = None if deterministic else q[rows, slot]
+        chosen = torch.full((batch,), NO_NODE, dtype=torch.long, device=device)
+        tried = torch.zeros(batch, vocab, dtype=torch.bool, device=device)  # rejected tokens (duplicates)
+        for rank in range(children.shape[-1]):
+            child = children[rows, slot, rank]
+            tok = tokens[rows, child.clamp_min(0)]
+            active = running & (chosen == NO_NODE) & (child >= 0)
+            if deterministic:
+                active &= ~tried[rows, tok]
+            if not active.any():
+                continue                                                  # e.g. a skipped duplicate
+            a = _accept_prob(rule, scheme, g, q_k, tok)
+            u = torch.rand(batch, generator=generator, dtype=g.dtype, device=device)
+            accepted = active & (u < a)
+            rejected = active & ~accepted
+            chosen = torch.where(accepted, child, chosen)
+            g_new, q_new = _reject(rule, scheme, g, q_k, tok, p_node)
+            g = torch.where(rejected[:, None], g_new, g)
+            if q_k is not None:
+                q_k = torch.where(rejected[:, None], q_new, q_k)
+            if deterministic:
+                tried[rows[rejected], tok[rejected]] = True
+        gave_up = running & (chosen == NO_NODE)
+        final = torch.where(gave_up[:, None], rule.bonus(g), final)
+        took = running & (chosen != NO_NODE)
+        if level < depth:
+            path[:, level] = torch.where(took, chosen, path[:, level])
+        n_accepted += took.long()
+        slot = torch.where(took, chosen + 1, slot)
+        leaf = took & (n_children[rows, slot] == 0)
+        final = torch.where(leaf[:, None], rule.bonus(p[rows, slot]), final)
+        running = took & ~leaf
+        if not running.any():
+            break
+    return path, n_accepted, sample_categorical(final, generator)
+
+
+def _check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
+                       tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
+    batch, width = tree.batch_size, tree.width
+    if not isinstance(p, torch.Tensor) or p.dim() != 3:
+        raise ValueError(f"verify_tree expects p: [B, N+1, V]; got {tuple(getattr(p, 'shape', ()))}")
+    if p.shape[:2] != (batch, width + 1):
+        raise ValueError(
+            f"p must be [B, N+1, V] = [{batch}, {width + 1}, V] for a tree of N = {width} node slots "
+            f"(row 0 at the root, row i+1 after node i); got {tuple(p.shape)}"
+        )
+    vocab = p.shape[-1]
+    if q is None:
+        if tree.scheme != "deterministic":
+            raise ValueError(
+                f"scheme {tree.scheme!r} samples children from the draft: pass q [B, N+1, V] "
+                "(q may be None only for scheme 'deterministic')"
+            )
+    else:
+        if not isinstance(q, torch.Tensor) or q.dim() != 3:
+            raise ValueError(f"verify_tree expects q: [B, N+1, V] or None; got {tuple(getattr(q, 'shape', ()))}")
+        if q.shape[-1] != vocab:
+            raise ValueError(f"vocabulary size mismatch: target p has {vocab} tokens, draft q has {q.shape[-1]}")
+        if q.shape != p.shape:
+            raise ValueError(f"q must have the shape of p, [{batch}, {width + 1}, {vocab}]; got {tuple(q.shape)}")
+    real = tree.is_real.to(p.device)
+    tokens = tree.tokens.to(p.device)
+    out_of_range = real & (tokens >= vocab)
+    if out_of_range.any():
+        bad = tokens[out_of_range][0].item()
+        raise ValueError(f"draft token id {bad} is outside the vocabulary [0, {vocab})")
+    p = as_float(p)
+    rows_used = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=p.device), real], dim=1)  # root + real
+    check_distribution(p[rows_used], "target p")
+    if q is not None:
+        q = as_float(q).to(p.dtype)
+        if tree.scheme != "deterministic":
+            has_children = tree.n_children.to(p.device) > 0
+            check_distribution(q[has_children], "draft q")
+    return p, q
+
+
+# -- closed forms --------------------------------------------------------------------------------------
+
+def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor | None = None,
+                  scheme: str = "deterministic") -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact emitted law at ONE node, given its candidate list.
+
+    ``g: [..., V]`` the processed target at the node; ``candidates: [..., m]`` the children's tokens
+    in order (padding ``-1`` allowed at the end); ``q: [..., V]`` the draft at the node (needed for the
+    sampled schemes). ``-> (law [..., V]`` = P(the node emits token v, as an accepted child or as the
+    correction), ``accept [..., m]`` = P(child k is the accepted one)).
+
+    Sequentially ``P(c_k accepted) = Π_{j<k}(1 − a_j)·a_k`` with ``g`` (and ``q_k``) updated
+    deterministically after each rejection, plus ``Π_j (1 − a_j)·rule.bonus(g_final)``. For the sampled
+    schemes this is the law *conditional on the drawn candidates*; averaged over the draws it is ``p``
+    for a lossless rule (exactly: :func:`sampled_node_law`).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown tree scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
+    g = as_float(g)
+    check_distribution(g, "target g")
+    if candidates.dtype.is_floating_point or candidates.dtype == torch.bool:
+        raise TypeError(f"candidates must be an integer tensor, got {candidates.dtype}")
+    if candidates.shape[:-1] != g.shape[:-1]:
+        raise ValueError(f"candidates [..., m] must share the leading shape of g [..., V]; got "
+                         f"{tuple(candidates.shape)} and {tuple(g.shape)}")
+    vocab, m = g.shape[-1], candidates.shape[-1]
+    cand = candidates.reshape(-1, m).long().to(g.device)
+    if ((cand < NO_NODE) | (cand >= vocab)).any():
+        raise ValueError(f"candidate token ids must lie in [0, {vocab}) (padding -1); got {cand.min()}..{cand.max()}")
+    if m > 1 and ((cand[:, :-1] < 0) & (cand[:, 1:] >= 0)).any():
+        raise ValueError("candidate padding (-1) must come after all real candidates")
+    if scheme == "deterministic":
+        q_flat = None
+    else:
+        if q is None:
+            raise ValueError(f"scheme {scheme!r} samples the candidates from q: pass q [..., V]")
+        q = as_float(q).to(g.dtype)
+        if q.shape != g.shape:
+            raise ValueError(f"q must have the shape of g {tuple(g.shape)}; got {tuple(q.shape)}")
+        check_distribution(q, "draft q")
+        q_flat = q.reshape(-1, vocab)
+        if scheme == "without_replacement":
+            same = (cand[:, :, None] == cand[:, None, :]) & (cand[:, :, None] >= 0)
+            if (same & ~torch.eye(m, dtype=torch.bool, device=cand.device)).any():
+                raise ValueError("scheme 'without_replacement' cannot have duplicate candidates")
+    real_per_row = (cand >= 0).long().sum(-1)
+    check_tree_rule(rule, scheme, int(real_per_row.max()) if real_per_row.numel() else 0)
+
+    p_node = g.reshape(-1, vocab)
+    rows = torch.arange(p_node.shape[0], device=g.device)
+    g_k, q_k = p_node, q_flat
+    survive = torch.ones(p_node.shape[0], dtype=g.dtype, device=g.device)
+    law = torch.zeros_like(p_node)
+    accept = torch.zeros(cand.shape, dtype=g.dtype, device=g.device)
+    tried = torch.zeros_like(p_node, dtype=torch.bool)
+    for k in range(m):
+        tok = cand[:, k].clamp_min(0)
+        active = cand[:, k] >= 0
+        if scheme == "deterministic":
+            active &= ~tried[rows, tok]
+        a = torch.where(active, _accept_prob(rule, scheme, g_k, q_k, tok), torch.zeros_like(survive))
+        accept[:, k] = survive * a
+        law[rows, tok] += survive * a
+        survive = survive * (1 - a)
+        g_new, q_new = _reject(rule, scheme, g_k, q_k, tok, p_node)
+        g_k = torch.where(active[:, None], g_new, g_k)
+        if q_k is not None:
+            q_k = torch.where(active[:, None], q_new, q_k)
+        tried[rows[active], tok[active]] = True
+    law = law + survive[:, None] * rule.bonus(g_k)
+    return law.reshape(g.shape), accept.reshape(candidates.shape)
+
+
+def sampled_node_law(rule: Rule, g: torch.Tensor, q: torch.Tensor, m: int,
+                     scheme: str = "iid") -> tuple[torch.Tensor, torch.Tensor]:
+    """Law of one node averaged over its ``m`` sampled candidates, by exact enumeration.
+
+    ``g, q: [V]``; ``scheme`` ``"iid"`` (``c_k ~ q`` independently) or ``"without_replacement"``
+    (``c_k ~ norm(q·1_{V∖{c_<k}})``). ``-> (law [V], accept [m]`` = P(child k is the accepted one)).
+    Enumerates all ``V^m`` candidate tuples (at most :data:`MAX_ENUMERATION`); for a lossless rule
+    ``law = p`` exactly.
+    """
+    if scheme not in SAMPLED_SCHEMES:
+        raise ValueError(f"sampled_node_law needs a sampled scheme ({', '.join(SAMPLED_SCHEMES)}); got {scheme!r}")
+    if g.dim() != 1 or q.shape != g.shape:
+        raise ValueError(f"sampled_node_law expects g: [V] and q: [V]; got {tuple(g.shape)}, {tuple(q.shape)}")
+    g, q = as_float(g), as_float(q).to(as_float(g).dtype)
+    vocab = g.shape[0]
+    if vocab**m > MAX_ENUMERATION:
+        raise ValueError(f"sampled_node_law enumerates V^m = {vocab}^{m} tuples, more than {MAX_ENUMERATION}")
+    if scheme == "without_replacement" and int((q > 0).sum()) < m:
+        raise ValueError(f"q has only {int((q > 0).sum())} tokens of positive probability: {m} candidates cannot "
+                         "be drawn without replacement")
+    tuples = [t for t in itertools.product(range(vocab), repeat=m)
+              if scheme == "iid" or len(set(t)) == m]
+    weights = []
+    for t in tuples:
+        w, left = 1.0, 1.0
+        for c in t:
+            w *= q[c].item() / left if left > 0 else 0.0
+            if scheme == "without_replacement":
+                left -= q[c].item()
+        weights.append(w)
+    weight = torch.tensor(weights, dtype=g.dtype)
+    keep = weight > 0
+    cand = torch.tensor(tuples, dtype=torch.long).reshape(len(tuples), m)[keep]
+    law, accept = tree_node_law(rule, g.expand(len(cand), vocab), cand, q.expand(len(cand), vocab), scheme)
+    w = weight[keep][:, None]
+    return (w * law).sum(0), (w * accept).sum(0)
+
+
+def tree_path_law(rule: Rule, p: torch.Tensor, q: torch.Tensor | None,
+                  tree: DraftTree, row: int = 0) -> dict[tuple[tuple[int, ...], int], float]:
+    """Exact law of ``verify_tree``'s outcome ``(path, next_token)`` for one batch row.
+
+    ``p, q`` as for :func:`verify_tree`. Returns ``{(path as node indices, next token): probability}``
+    over the outcomes of positive probability (sums to 1). Per-token rules on non-chain-dispatched
+    trees only (the tree form; a sampled uniform chain has the same law through ``rule.verify``).
+    """
+    p1, q1 = _check_tree_inputs(p[row : row + 1], None if q is None else q[row : row + 1],
+                                DraftTree(tree.tokens[row : row + 1], tree.parents[row : row + 1], tree.scheme))
+    check_tree_rule(rule, tree.scheme, tree.max_branching)
+    children = tree.children[row]
+    tokens = tree.tokens[row]
+    law: dict[tuple[tuple[int, ...], int], float] = {}
+
+    def visit(slot: int, prefix: tuple[int, ...], weight: float) -> None:
+        kids = [int(c) for c in children[slot] if c >= 0]
+        g = p1[0, slot]
+        if not kids:
+            dist = rule.bonus(g[None])[0]
+            emit, accept = dist, torch.zeros(0, dtype=g.dtype)
+        else:
+            cand = tokens[kids]
+            q_row = None if q1 is None or tree.scheme == "deterministic" else q1[0, slot][None]
+            emit, accept = tree_node_law(rule, g[None], cand[None], q_row, tree.scheme)
+            emit, accept = emit[0].clone(), accept[0]
+            emit.index_add_(0, cand, -accept)          # what is left is the correction's mass
+        for z in torch.nonzero(emit > 1e-15).flatten().tolist():
+            key = (prefix, z)
+            law[key] = law.get(key, 0.0) + weight * emit[z].item()
+        for child, a in zip(kids, accept.tolist()):
+            if a > 0:
+                visit(child + 1, prefix + (child,), weight * a)
+
+    visit(0, (), 1.0)
+    return law

@@ -1,0 +1,252 @@
+"""Tree speculative decoding in the engine: tree specs, tree growth, exactness in law, greedy equality,
+cache handling, statistics, and the bench / diagnose plumbing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.fake_lm import FakeLM
+from tests.helpers.rule_cases import gof_pvalue
+from tests.test_engine import assert_law, exact_prefix_law, sample_prefixes
+from verispec.engine import generate, generate_target_only
+from verispec.engine.tree import TreeSpec, grow_tree
+from verispec.sampling import SamplingConfig
+
+T1 = SamplingConfig.parse("temperature=1")
+GREEDY = SamplingConfig.parse("temperature=0")
+TREES = ["4,2,2,1", "topk:2,2", "iid:3,2", "wor:3,2", "dynamic:top_k=3,depth=4,nodes=10"]
+
+
+# -- specs -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, kind, scheme, depth, nodes", [
+    ("4,2,2,1", "static", "deterministic", 4, 4 + 8 + 16 + 16),
+    ("topk:3", "static", "deterministic", 1, 3),
+    ("iid:2,2", "static", "iid", 2, 6),
+    ("wor:2,1", "static", "without_replacement", 2, 4),
+    ("dynamic:top_k=10,depth=5,nodes=60", "dynamic", "deterministic", 5, 60),
+    ("dynamic", "dynamic", "deterministic", 5, 60),
+    ("dynamic:4,3,20", "dynamic", "deterministic", 3, 20),
+])
+def test_tree_specs_parse_and_round_trip(text, kind, scheme, depth, nodes):
+    spec = TreeSpec.parse(text)
+    assert (spec.kind, spec.scheme, spec.depth, spec.max_nodes) == (kind, scheme, depth, nodes)
+    assert TreeSpec.parse(spec.spec()) == spec
+
+
+def test_a_chain_is_the_tree_with_one_sampled_child_per_node():
+    assert TreeSpec.parse("iid:1,1,1") == TreeSpec.chain(3)
+    assert TreeSpec.chain(3).is_chain and not TreeSpec.parse("topk:1,1,1").is_chain
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"), ("bogus:2", "unknown tree kind"), ("4,0", ">= 1"), ("4,x", "integers"),
+    ("dynamic:top_k=0", "top_k"), ("dynamic:nodes=1000", "nodes"), ("16,16", "at most 255"),
+])
+def test_bad_tree_specs_are_refused_clearly(text, words):
+    with pytest.raises(ValueError, match=words):
+        TreeSpec.parse(text)
+
+
+# -- growth ------------------------------------------------------------------------------------------
+def _grow(text, *, vocab=12, seed=0, max_depth=None):
+    draft = FakeLM(vocab=vocab, seed=7)
+    draft.forward([1, 2])
+    prop = grow_tree(draft, [3], TreeSpec.parse(text), T1, vocab, torch.Generator().manual_seed(seed),
+                     max_depth=max_depth)
+    return draft, prop
+
+
+@pytest.mark.parametrize("text", TREES)
+def test_grown_trees_have_the_promised_shape(text):
+    spec = TreeSpec.parse(text)
+    draft, prop = _grow(text)
+    depths = prop.depths()
+    assert all(par < i for i, par in enumerate(prop.parents))            # parents first
+    assert prop.n_nodes <= spec.max_nodes
+    assert max(depths) == spec.depth - 1 if spec.kind == "static" else max(depths) <= spec.depth - 1
+    assert prop.q.shape == (prop.n_nodes + 1, 12)
+    torch.testing.assert_close(prop.q.sum(-1), torch.ones(prop.n_nodes + 1))
+    if spec.kind == "static":
+        for node in [-1] + [i for i in range(prop.n_nodes) if depths[i] < spec.depth - 1]:
+            d = 0 if node < 0 else depths[node] + 1
+            assert len(prop.children(node)) == spec.branching[d]
+    # the draft model saw the expanded nodes once each (dynamic: also expanded nodes not kept), one
+    # forward per depth but the last, plus the root's
+    kept_seen = sum(1 for i in prop.in_draft if i >= 0)
+    assert draft.n_tree == kept_seen if spec.kind == "static" else draft.n_tree >= kept_seen
+    assert prop.draft_forwards == spec.depth
+    for i, j in enumerate(prop.in_draft):
+        if j >= 0:
+            assert draft.tree[j][0] == prop.tokens[i]
+
+
+def test_deterministic_candidates_are_the_drafts_best_tokens_in_rank_order():
+    draft, prop = _grow("topk:3,2")
+    logits = FakeLM(vocab=12, seed=7).next_logits([1, 2, 3])
+    assert [prop.tokens[i] for i in prop.children(-1)] == torch.topk(logits, 3).indices.tolist()
+    for node in prop.children(-1):
+        kids = [prop.tokens[i] for i in prop.children(node)]
+        best = torch.topk(FakeLM(vocab=12, seed=7).next_logits([1, 2, 3, prop.tokens[node]]), 2).indices
+        assert kids == best.tolist()
+
+
+def test_dynamic_tree_keeps_the_best_nodes_by_cumulative_draft_log_probability():
+    """Brute force from scratch (no cache): per depth the top_k candidates are expanded, each proposing
+    its top_k children; the kept tree is the ``nodes`` best candidates; siblings come in rank order."""
+    k, depth, nodes = 3, 3, 7
+    draft, prop = _grow(f"dynamic:top_k={k},depth={depth},nodes={nodes}")
+    lm = FakeLM(vocab=12, seed=7)
+
+    def children(path, score):
+        logp = torch.log_softmax(lm.next_logits([1, 2, 3] + list(path)).double(), -1)
+        top = torch.topk(logp, k)
+        return [(path + (t,), score + lp) for lp, t in zip(top.values.tolist(), top.indices.tolist())]
+
+    level = children((), 0.0)
+    candidates = list(level)
+    for _ in range(1, depth):
+        expanded = sorted(level, key=lambda c: -c[1])[:k]
+        level = [c for path, score in expanded for c in children(path, score)]
+        candidates += level
+    best = {path for path, _ in sorted(candidates, key=lambda c: -c[1])[:nodes]}
+
+    def path_of(i):
+        out = []
+        while i >= 0:
+            out.append(prop.tokens[i])
+            i = prop.parents[i]
+        return tuple(out[::-1])
+
+    assert {path_of(i) for i in range(prop.n_nodes)} == best
+    score = {path: s for path, s in candidates}
+    for node in [-1] + list(range(prop.n_nodes)):
+        kids = [score[path_of(i)] for i in prop.children(node)]
+        assert kids == sorted(kids, reverse=True)
+
+
+def test_sampled_children_without_replacement_are_distinct_and_iid_children_may_repeat():
+    repeats = 0
+    for seed in range(30):
+        _, prop = _grow("wor:4,1", vocab=5, seed=seed)
+        kids = [prop.tokens[i] for i in prop.children(-1)]
+        assert len(set(kids)) == len(kids)
+        _, prop = _grow("iid:4,1", vocab=5, seed=seed)
+        kids = [prop.tokens[i] for i in prop.children(-1)]
+        repeats += len(set(kids)) < len(kids)
+    assert repeats > 0
+
+
+# -- decoding ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tree", TREES + ["topk:1,1,1"])
+def test_greedy_tree_sd_equals_greedy_target_only(tree):
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    ref = generate_target_only(target, [1, 2, 3], sampling=GREEDY, max_new_tokens=40)
+    for rule in ("lossless", "greedy"):
+        res = generate(target, draft, [1, 2, 3], rule=rule, sampling=GREEDY, tree=tree, max_new_tokens=40)
+        assert res.tokens == ref.tokens
+        # the caches hold exactly the committed text (minus the last token)
+        assert target.tokens == [1, 2, 3] + res.tokens[:-1] or res.stats.stop_reason != "length"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", ["topk:2,2", "iid:2,2", "wor:2,2", "dynamic:top_k=2,depth=2,nodes=4"])
+def test_lossless_tree_sd_samples_the_target_law(tree):
+    """Through real tree growth, tree forwards and path commits, lossless tree SD gives the exact law of
+    the first 3 tokens (chi-square, α = ALPHA); lenience 0.5 on the same tree is rejected (power)."""
+    target, draft = FakeLM(vocab=3, seed=1), FakeLM(vocab=3, seed=2)
+    prompt = [0, 1]
+    law = exact_prefix_law(target, prompt, 3, T1)
+    run = lambda rule: (lambda s: generate(target, draft, prompt, rule=rule, sampling=T1, tree=tree,
+                                           max_new_tokens=3, seed=s))
+    assert_law(sample_prefixes(run("lossless"), 4000, 3), law)
+    if not tree.startswith(("iid", "wor")):
+        lossy = sample_prefixes(run("lenience:ell=0.5"), 4000, 3)
+        keys = sorted(set(law) | set(lossy))
+        assert gof_pvalue(np.array([lossy.get(k, 0) for k in keys]), np.array([law.get(k, 0.0) for k in keys])) < 1e-6
+
+
+def test_tree_statistics_are_consistent():
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    res = generate(target, draft, [1, 2, 3], rule="lossless", sampling=T1, tree="4,2,2", max_new_tokens=60, seed=3)
+    st = res.stats
+    assert st.tree == "topk:4,2,2" and st.gamma == 3
+    tree_steps = sum(st.accepted_hist)
+    assert tree_steps + st.gamma_hist[0] == st.target_calls and len(st.accepted_hist) <= 4
+    assert st.nodes_per_call == pytest.approx(st.tree_nodes / tree_steps) and st.nodes_per_call <= 4 + 8 + 16
+    emitted = sum(n * k for n, k in enumerate(st.accepted_hist)) + st.target_calls
+    assert emitted >= st.new_tokens  # the last step may be cut by the budget
+    assert st.draft_calls == 3 * tree_steps  # pending + 2 expanded depths per tree step
+
+
+def test_rules_without_a_tree_form_are_refused_before_decoding():
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    with pytest.raises(ValueError, match="chains only"):
+        generate(target, draft, [1, 2], rule="block", sampling=T1, tree="2,2", max_new_tokens=5)
+    with pytest.raises(ValueError, match="deterministic"):
+        generate(target, draft, [1, 2], rule="lenience:ell=0.5", sampling=T1, tree="iid:2,2", max_new_tokens=5)
+    with pytest.raises(ValueError, match="auto"):
+        generate(target, draft, [1, 2], rule="lossless", sampling=T1, tree="2,2", gamma="auto", max_new_tokens=5)
+    assert target.forward_calls == 0
+
+
+def test_the_budget_holds_with_trees():
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    for max_new in (1, 2, 3, 7):
+        res = generate(target, draft, [1], rule="lossless", sampling=T1, tree="3,3,3", max_new_tokens=max_new)
+        assert len(res.tokens) == max_new
+
+
+# -- bench and diagnose plumbing ---------------------------------------------------------------------
+def test_bench_runs_carry_the_tree_and_chain_run_ids_do_not_change():
+    from verispec.bench.runner import BenchConfig, plan_runs
+    from verispec.bench.store import RunKey
+
+    key = RunKey(dataset="d", rule="lossless", sampling="", gamma=5, draft="a", target="b", max_new_tokens=8, seed=0)
+    assert "tree" not in key.to_dict()
+    cfg = BenchConfig(datasets=["gsm8k"], rules=["lenience:ell=0.5"], trees=["4,2"])
+    runs = plan_runs(cfg, "draft", "target")
+    sd = [r for r in runs if r.rule]
+    assert sd and all(r.key.tree == "topk:4,2" and r.key.gamma == 2 for r in sd)
+    assert all(r.key.tree == "" for r in runs if not r.rule)
+    with pytest.raises(ValueError, match="tree"):
+        BenchConfig(datasets=["gsm8k"], trees=["x:1"]).validate()
+
+
+def test_tree_form_diagnosis_is_exact_on_recorded_trees():
+    """Lossless: zero distortion in both forms; the expected tokens per call computed from the recorded
+    trees matches the mean accepted path length actually observed (law of large numbers); lenience
+    accepts at least as much as lossless and distorts more in tree form than at the same nodes in chain
+    form (the point-mass candidates collapse onto the draft's top choice)."""
+    from verispec.diagnose.tree_form import collect_tree_corpus, summarize_tree_form
+
+    class Problem:
+        def __init__(self, i):
+            self.dataset, self.id, self.prompt = "toy", str(i), "ab"[: 1 + i % 2] + "c" * i
+
+    target, draft = FakeLM(vocab=5, seed=1, scale=2.0), FakeLM(vocab=5, seed=2, scale=2.0)
+    corpus = collect_tree_corpus(target, draft, [Problem(i) for i in range(6)], sampling=T1, tree="3,2",
+                                 max_new_tokens=40, seed=0, progress=False)
+    lossless, lenient = summarize_tree_form(corpus, ["lossless", "lenience:ell=0.3"])
+    assert lossless["tree_form"]["tv"] == pytest.approx(0, abs=1e-9)
+    assert lossless["chain_form"]["tv"] == pytest.approx(0, abs=1e-9)
+    assert lenient["tree_form"]["tv"] > 0 and lenient["tokens_per_call"] >= lossless["tokens_per_call"]
+    # the exact expectation against the path lengths the lossless run realised on the same trees
+    steps = corpus.steps()
+    realised = np.mean([1 + sum(corpus.layout["on_path"][r] for r in rows[1:]) for rows in steps])
+    assert abs(realised - lossless["tokens_per_call"]) < 4 * 1.5 / np.sqrt(len(steps))
+
+
+def test_tree_corpus_round_trips(tmp_path):
+    from verispec.diagnose.tree_form import TreeCorpus, collect_tree_corpus
+
+    class Problem:
+        dataset, id, prompt = "toy", "0", "abc"
+
+    target, draft = FakeLM(vocab=5, seed=1), FakeLM(vocab=5, seed=2)
+    corpus = collect_tree_corpus(target, draft, [Problem()], sampling=T1, tree="2,2", max_new_tokens=10, seed=0,
+                                 progress=False)
+    corpus.save(tmp_path / "t.npz")
+    back = TreeCorpus.load(tmp_path / "t.npz")
+    assert back.layout == corpus.layout and back.tree == "topk:2,2" and len(back) == len(corpus)
