@@ -167,6 +167,29 @@ def test_lossless_tree_sd_samples_the_target_law(tree):
         assert gof_pvalue(np.array([lossy.get(k, 0) for k in keys]), np.array([law.get(k, 0.0) for k in keys])) < 1e-6
 
 
+@pytest.mark.slow
+def test_stopping_on_draft_confidence_keeps_lossless_exact_and_shortens_drafts():
+    """The draft stops at its first token below ``draft_stop``: the law of the first 3 tokens is still
+    the target's (chi-square, α = ALPHA), and the drafted lengths recorded are shorter."""
+    target, draft = FakeLM(vocab=3, seed=1), FakeLM(vocab=3, seed=2)
+    prompt = [0, 1]
+    law = exact_prefix_law(target, prompt, 3, T1)
+    run = lambda s: generate(target, draft, prompt, rule="lossless", sampling=T1, gamma=3, max_new_tokens=3,
+                             seed=s, draft_stop=0.5)
+    assert_law(sample_prefixes(run, 4000, 3), law)
+
+
+def test_stopping_on_draft_confidence_shortens_drafts():
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    full = generate(target, draft, [1, 2], rule="lossless", sampling=T1, gamma=4, max_new_tokens=60, seed=0)
+    short = generate(target, draft, [1, 2], rule="lossless", sampling=T1, gamma=4, max_new_tokens=60, seed=0,
+                     draft_stop=0.4)
+    assert full.stats.mean_gamma > short.stats.mean_gamma > 0
+    assert short.stats.gamma_hist[1] > 0 and sum(short.stats.accepted_hist) == sum(short.stats.gamma_hist[1:])
+    with pytest.raises(ValueError, match="draft_stop"):
+        generate(target, draft, [1, 2], rule="lossless", sampling=T1, gamma=4, max_new_tokens=6, draft_stop=1.5)
+
+
 def test_tree_statistics_are_consistent():
     target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
     res = generate(target, draft, [1, 2, 3], rule="lossless", sampling=T1, tree="4,2,2", max_new_tokens=60, seed=3)

@@ -114,7 +114,7 @@ def cmd_generate(args) -> int:
         result = generate(
             target, draft, prompt_ids, rule=rule, sampling=sampling, gamma=args.gamma,
             max_new_tokens=args.max_new_tokens, stop=args.stop, seed=args.seed, vocab_width=width, costs=costs,
-            tree=args.tree, lookup=lookup, head=head,
+            tree=args.tree, lookup=lookup, head=head, draft_stop=args.draft_stop,
         )
     if args.json:
         record = {"text": result.text, "tokens": result.tokens,
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON record")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip measuring per-call costs for the cost-model speedup")
+    p.add_argument("--draft-stop", type=float, default=0.0,
+                   help="stop drafting at a token the draft gave probability below this (0: never)")
     p.add_argument("--draft-head", default=None,
                    help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
                    "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")

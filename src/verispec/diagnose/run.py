@@ -100,25 +100,11 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     sampling = SamplingConfig.parse(cfg.sampling)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    corpus_path, key_path = out / "corpus.npz", out / "corpus.json"
-
-    reusable = corpus_path.exists() and key_path.exists() and not cfg.recollect
-    if reusable and json.loads(key_path.read_text()) == cfg.corpus_key():
-        corpus = PositionRecorder.load(corpus_path)
-        log(f"diagnose: reusing {len(corpus)} recorded positions from {corpus_path}")
-    else:
-        from verispec.bench.datasets import load_problems
-        from verispec.models import load_pair
-
-        problems = [p for ps in load_problems(cfg, log).values() for p in ps]
-        target, draft, _ = (load_models or load_pair)(cfg, need_draft=True)
-        corpus = collect_corpus(target, draft, problems, sampling=sampling, gamma=cfg.gamma,
-                                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, recorder=PositionRecorder(),
-                                progress=progress)
-        corpus.save(corpus_path)
-        key_path.write_text(json.dumps(cfg.corpus_key()))
-        log(f"diagnose: recorded {len(corpus)} positions -> {corpus_path} "
-            f"({corpus.bytes_per_position():.0f} B/position in memory)")
+    corpus = _reuse_or_record(
+        cfg, out / "corpus.npz", cfg.corpus_key(), PositionRecorder.load, "positions", log, load_models,
+        lambda target, draft, problems: collect_corpus(
+            target, draft, problems, sampling=sampling, gamma=cfg.gamma, max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed, recorder=PositionRecorder(), progress=progress))
 
     summary = summarize(corpus, cfg.rules, gamma=cfg.gamma)
     write_diagnostics_json(out / "diagnostics.json", summary)
@@ -143,28 +129,38 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     return result
 
 
+def _reuse_or_record(cfg: DiagnoseConfig, path: Path, key: dict, load, what: str, log, load_models, record):
+    """The corpus at ``path`` when ``path.json`` says it was recorded with ``key`` (and no
+    ``recollect``); else ``record(target, draft, problems)`` on the configured problems, saved with
+    its key."""
+    key_path = path.with_suffix(".json")
+    if path.exists() and key_path.exists() and not cfg.recollect and json.loads(key_path.read_text()) == key:
+        corpus = load(path)
+        log(f"diagnose: reusing {len(corpus)} recorded {what} from {path}")
+        return corpus
+    from verispec.bench.datasets import load_problems
+    from verispec.models import load_pair
+
+    problems = [p for ps in load_problems(cfg, log).values() for p in ps]
+    target, draft, _ = (load_models or load_pair)(cfg, need_draft=True)
+    corpus = record(target, draft, problems)
+    corpus.save(path)
+    key_path.write_text(json.dumps(key))
+    log(f"diagnose: recorded {len(corpus)} {what} -> {path}")
+    return corpus
+
+
 def _tree_form(cfg: DiagnoseConfig, sampling, out: Path, log, load_models, progress: bool) -> list[dict]:
     """Record (or reuse) the tree corpus and summarise every rule's tree form beside its chain form;
     writes ``tree_form.json`` and ``tree_form.md``."""
     from verispec.diagnose.measures import to_jsonable
     from verispec.diagnose.tree_form import TreeCorpus, collect_tree_corpus, summarize_tree_form, tree_form_markdown
 
-    path, key_path = out / "tree_corpus.npz", out / "tree_corpus.json"
-    if path.exists() and key_path.exists() and not cfg.recollect and \
-            json.loads(key_path.read_text()) == cfg.tree_corpus_key():
-        corpus = TreeCorpus.load(path)
-        log(f"diagnose: reusing {len(corpus)} recorded tree nodes from {path}")
-    else:
-        from verispec.bench.datasets import load_problems
-        from verispec.models import load_pair
-
-        problems = [p for ps in load_problems(cfg, log).values() for p in ps]
-        target, draft, _ = (load_models or load_pair)(cfg, need_draft=True)
-        corpus = collect_tree_corpus(target, draft, problems, sampling=sampling, tree=cfg.tree,
-                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, progress=progress)
-        corpus.save(path)
-        key_path.write_text(json.dumps(cfg.tree_corpus_key()))
-        log(f"diagnose: recorded {len(corpus)} tree nodes -> {path}")
+    corpus = _reuse_or_record(
+        cfg, out / "tree_corpus.npz", cfg.tree_corpus_key(), TreeCorpus.load, "tree nodes", log, load_models,
+        lambda target, draft, problems: collect_tree_corpus(
+            target, draft, problems, sampling=sampling, tree=cfg.tree, max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed, progress=progress))
     summary = summarize_tree_form(corpus, cfg.rules)
     (out / "tree_form.json").write_text(json.dumps(to_jsonable(summary), indent=2))
     (out / "tree_form.md").write_text(tree_form_markdown(summary))

@@ -40,6 +40,8 @@ from verispec import rules as rules_mod
 from verispec.diagnose.measures import _distortion, snap
 from verispec.diagnose.record import PositionRecorder
 
+#: Target-entropy bins (nats) of the tree-vs-chain breakdown.
+ENTROPY_EDGES = (0.0, 0.1, 0.5, 1.0, 2.0, math.inf)
 #: Node-layout arrays of a tree corpus (name -> dtype).
 _LAYOUT = {"step_id": np.int32, "node": np.int16, "parent": np.int16, "token": np.int32,
            "on_path": np.int8, "expanded": np.int8}
@@ -195,7 +197,9 @@ def _summarize_rule(corpus: TreeCorpus, rule, kids: dict[int, list[int]], with_c
     accept_of: dict[int, list[float]] = {}
     tree_vals: dict[str, list[torch.Tensor]] = {}
     chain_vals: dict[str, list[torch.Tensor]] = {}
+    entropy: list[torch.Tensor] = []
     decision_set = set(decision)
+    target_entropy = corpus.rows.arrays["target_entropy"]
     for lo in range(0, len(with_children), chunk):
         sel = with_children[lo:lo + chunk]
         pbar, qbar, ids = corpus.rows.dense(sel)
@@ -212,6 +216,7 @@ def _summarize_rule(corpus: TreeCorpus, rule, kids: dict[int, list[int]], with_c
         if not bool(mask.any()):
             continue
         p, q, P = pbar[mask], qbar[mask], law[mask].double()
+        entropy.append(torch.as_tensor(target_entropy[np.asarray(sel)[mask.numpy()]].astype(np.float64)))
         ref = rule.reference(p, q)
         for name, v in _distortion(snap(P, p, q), ref, p).items():
             tree_vals.setdefault(name, []).append(v)
@@ -225,6 +230,13 @@ def _summarize_rule(corpus: TreeCorpus, rule, kids: dict[int, list[int]], with_c
                              "n_steps": len(corpus.steps())}
     entry["tree_form"] = {k: _mean(v) for k, v in tree_vals.items()}
     entry["chain_form"] = {k: _mean(v) for k, v in chain_vals.items()}
+    if entropy and "tv" in chain_vals:
+        ent = torch.cat(entropy)
+        tv_tree, tv_chain = torch.cat(tree_vals["tv"]), torch.cat(chain_vals["tv"])
+        entry["by_entropy"] = [
+            {"lo": lo, "hi": hi, "n": int(m.sum()), "tv_chain": _mean([tv_chain[m]]), "tv_tree": _mean([tv_tree[m]])}
+            for lo, hi in zip(ENTROPY_EDGES[:-1], ENTROPY_EDGES[1:])
+            for m in [(ent >= lo) & (ent < hi)] if bool(m.any())]
     entry["tokens_per_call"] = _expected_tokens_per_call(corpus, kids, accept_of)
     tv_c, tv_t = entry["chain_form"].get("tv", math.nan), entry["tree_form"].get("tv", math.nan)
     entry["tv_amplification"] = tv_t / tv_c if tv_c and tv_c > 0 else math.nan
@@ -258,7 +270,7 @@ def _expected_tokens_per_call(corpus: TreeCorpus, kids: dict[int, list[int]],
 
 
 def tree_form_markdown(summary: list[dict]) -> str:
-    """One table: per rule, chain form vs tree form at the same nodes."""
+    """Per rule, chain form vs tree form at the same nodes; then TV by target entropy."""
     if not summary:
         return ""
     head = (f"Tree {summary[0]['tree']}: {summary[0]['n_decision_nodes']} decision nodes over "
@@ -269,6 +281,16 @@ def tree_form_markdown(summary: list[dict]) -> str:
         c, t = e["chain_form"], e["tree_form"]
         lines.append(f"| {e['rule']} | {_fmt(c.get('tv'))} | {_fmt(t.get('tv'))} | {_fmt(e['tv_amplification'], 2)} "
                      f"| {_fmt(c.get('acceptance'))} | {_fmt(t.get('acceptance'))} | {_fmt(e['tokens_per_call'], 3)} |")
+    bins = [e for e in summary if e.get("by_entropy")]
+    if bins:
+        edges = [(b["lo"], b["hi"]) for b in bins[0]["by_entropy"]]
+        lines += ["", "TV chain / tree by target entropy (nats; decision nodes per bin in the header):", "",
+                  "| rule | " + " | ".join(f"[{lo:g}, {hi:g}) n={b['n']}" for (lo, hi), b in
+                                        zip(edges, bins[0]["by_entropy"])) + " |",
+                  "|---|" + "---:|" * len(edges)]
+        for e in bins:
+            lines.append(f"| {e['rule']} | " + " | ".join(f"{_fmt(b['tv_chain'], 3)} / {_fmt(b['tv_tree'], 3)}"
+                                                         for b in e["by_entropy"]) + " |")
     return head + "\n".join(lines) + "\n"
 
 

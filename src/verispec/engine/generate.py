@@ -2,11 +2,12 @@
 a chain being the tree with one child per node (one code path; :mod:`verispec.engine.tree`).
 
 Cache invariant of the SD loop: the target's KV cache holds every committed token except the
-last one (the root of the next tree); the draft's lacks the tokens of ``pending`` (the root, and
-the accepted node before it when the draft never processed that node, e.g. a leaf of the tree, or
-after a plain target step). A step
+last one (the root of the next tree); each draft source keeps its own state in step with the
+committed text (:mod:`verispec.engine.sources`: the draft model lacks only ``pending``, the root and
+what it never processed). A step
 
-1. grows a draft tree below the root (feeding ``pending`` first; one draft forward per depth),
+1. drafts below the root: a tree or chain grown by the draft model (feeding ``pending`` first, one
+   draft forward per depth), a prompt-lookup chain, or an EAGLE-3 head's tree; none: a plain step,
 2. runs one target forward over ``[root, nodes]`` (tree attention) -> ``p`` at the root and after
    every node,
 3. calls :func:`verispec.rules.tree.verify_tree` (a chain goes to ``rule.verify``) -> the accepted
@@ -224,6 +225,7 @@ def generate(
     tree_observer: TreeObserver | None = None,
     lookup: NgramDrafter | None = None,
     head=None,
+    draft_stop: float = 0.0,
 ) -> GenerationResult:
     """Speculative decoding of ``prompt_ids`` with ``rule`` on chains or trees; see the module docstring.
 
@@ -246,7 +248,9 @@ def generate(
     plain target step. ``head`` (an :class:`~verispec.models.eagle3.Eagle3Drafter`, with
     ``draft=None``): EAGLE-3 draft trees grown from the target's hidden states (the target must be an
     ``HFBackend`` built with ``capture_hidden=head.head.target_layers``). Draft sources and their cache
-    bookkeeping: :mod:`verispec.engine.sources`.
+    bookkeeping: :mod:`verispec.engine.sources`. ``draft_stop``: the draft model stops drafting a
+    chain (expanding a tree node) at a token it gave probability below this (as transformers'
+    ``assistant_confidence_threshold``); ``stats.gamma_hist`` counts the lengths actually drafted.
     """
     policy = gamma if isinstance(gamma, AutoGamma) else None
     spec = TreeSpec.parse(tree) if tree is not None else None
@@ -297,8 +301,10 @@ def generate(
         _check_prompt(draft, ids, max_new_tokens)
     width = vocab_width or (check_compatible(target, draft) if draft is not None
                             else min(target.vocab_size, tokenizer_size(target)))
+    if not 0.0 <= draft_stop < 1.0:
+        raise ValueError(f"draft_stop is a draft probability in [0, 1), got {draft_stop!r}")
     sources = DraftSources(target, draft, lookup=lookup, head=head, spec=spec, sampling=sampling, width=width,
-                           generator=run.gen, stats=stats)
+                           generator=run.gen, stats=stats, stop_below=draft_stop)
 
     target.reset()
     with stats.timing("prefill_s"):
@@ -311,7 +317,8 @@ def generate(
         g = min(policy.next() if policy else gamma, out.remaining - 1)
         # 1. draft a tree (a chain: one child per node) below the root, or nothing
         proposal = sources.propose(g)
-        stats.record_gamma(g if proposal is not None else 0)
+        drafted = max(proposal.depths(), default=-1) + 1 if proposal is not None else 0
+        stats.record_gamma(drafted)
         if proposal is None:
             # A plain target step (one token left, nothing to draft, or the policy found drafting
             # not worth it): the next token comes from the target alone (bonus semantics).
@@ -340,14 +347,14 @@ def generate(
             path_t, n_acc, nxt = verify_tree(rule, p[None], q, draft_tree, generator=run.gen)
             n = int(n_acc[0])
             path = path_t[0, :n].tolist()
-        stats.record_step(n, max(proposal.depths(), default=0) + 1)
+        stats.record_step(n, drafted)
         from_model = proposal.draft_forwards > 0
         if policy is not None and from_model:
-            policy.update(n, g)
+            policy.update(n, drafted)
         if not from_model and lookup is not None and head is None:
             stats.lookup_accepted += n
         if observer is not None and spec is None and from_model:
-            observer(p, proposal.q[:g], torch.tensor(proposal.tokens), n)
+            observer(p, proposal.q[:drafted], torch.tensor(proposal.tokens), n)
         if tree_observer is not None:
             tree_observer(VerifiedStep(p, proposal, path, int(nxt[0])))
 

@@ -180,11 +180,14 @@ def lookup_proposal(tokens: list[int]) -> DraftProposal:
 
 
 def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
-              generator: torch.Generator, max_depth: int | None = None, timing=None) -> DraftProposal:
+              generator: torch.Generator, max_depth: int | None = None, timing=None,
+              stop_below: float = 0.0) -> DraftProposal:
     """Feed ``pending`` (committed tokens the draft has not seen; the last one is the root) and grow
     the tree ``spec`` below it, at most ``max_depth`` deep. One draft forward per depth that has
-    nodes to expand (all of them at once). ``timing(name)`` is a :meth:`Stats.timing`-like context
-    factory for ``draft_s`` / ``rule_s`` (optional)."""
+    nodes to expand (all of them at once). ``stop_below`` (static trees, chains included): a node
+    whose token had draft probability below it is not expanded, so a chain stops drafting at the
+    first unconfident token (the decision reads the draft alone, so lossless rules stay exact).
+    ``timing(name)`` is a :meth:`Stats.timing`-like context factory for ``draft_s`` / ``rule_s``."""
     timed = timing or (lambda name: _NoTimer())
     depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
     with timed("draft_s"):
@@ -209,7 +212,8 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
                         tokens.append(tok)
                         parents.append(node)
                         in_draft.append(-1)
-                        new.append(len(tokens) - 1)
+                        if float(q_of[node][tok]) >= stop_below:
+                            new.append(len(tokens) - 1)
             if d == depth - 1 or not new:
                 break
             with timed("draft_s"):

@@ -1,0 +1,100 @@
+"""Prompt-lookup (n-gram) drafting on this machine: alone, beside the draft model, and the draft model alone.
+
+On the embedded pair (llama.cpp), for HumanEval-style code completion and GSM8K prompts (offline copies:
+``--data-dir`` or ``$VERISPEC_DATA``), lossless SD with: the draft model (chain of γ), prompt lookup alone
+(``--draft ngram``: no draft model; a step without a match is a plain target step), and both (lookup where
+the text's suffix occurred before, the draft model otherwise); target-only sampling as the reference.
+Settings are interleaved round by round. Printed per dataset and setting: tokens per target call (BE),
+the share of steps drafted by lookup and their mean accepted tokens, and tokens/s over target-only.
+
+    .venv/bin/python benchmarks/ngram.py [--datasets humaneval,gsm8k] [--limit 3] [--tokens 128]
+        [--gamma 3] [--lookup-gamma 5] [--min-ngram 1] [--rounds 1] [--sampling temperature=0.7,top_k=20,top_p=0.8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from types import SimpleNamespace
+
+from verispec.runtime import tune_openmp
+
+tune_openmp()
+
+from verispec.bench.datasets import load_problems  # noqa: E402
+from verispec.engine import generate, generate_target_only  # noqa: E402
+from verispec.engine.ngram import NgramDrafter  # noqa: E402
+from verispec.models import load_pair  # noqa: E402
+from verispec.sampling import SamplingConfig  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", default="humaneval,gsm8k")
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--limit", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--gamma", type=int, default=3, help="draft-model chain length")
+    ap.add_argument("--lookup-gamma", type=int, default=5, help="longest lookup draft")
+    ap.add_argument("--min-ngram", type=int, default=1, help="shortest suffix match that drafts")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
+    ap.add_argument("--n-threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    sampling = SamplingConfig.parse(args.sampling)
+    data = SimpleNamespace(datasets=[d for d in args.datasets.split(",") if d], data_dir=args.data_dir,
+                           question_field=None, answer_field=None, id_field=None, checker=None, on_bad_row="skip",
+                           limit=args.limit, offset=0)
+    problems = load_problems(data, print)
+    settings = SimpleNamespace(target=None, draft=None, n_threads=args.n_threads, n_ctx=4096, device="cpu",
+                               dtype=None, lookup=False)
+    target, draft, width = load_pair(settings)
+    modes = ["target-only", f"draft model γ={args.gamma}", f"lookup alone γ≤{args.lookup_gamma}",
+             f"lookup + draft γ={args.gamma}"]
+
+    def run(mode: str, ids: list[int], seed: int):
+        kw = dict(rule="lossless", sampling=sampling, max_new_tokens=args.tokens, seed=seed)
+        if mode == modes[0]:
+            return generate_target_only(target, ids, sampling=sampling, max_new_tokens=args.tokens, seed=seed).stats
+        if mode == modes[1]:
+            return generate(target, draft, ids, gamma=args.gamma, vocab_width=width, **kw).stats
+        if mode == modes[2]:
+            return generate(target, None, ids, gamma=args.lookup_gamma,
+                            lookup=NgramDrafter(min_ngram=args.min_ngram, max_ngram=max(3, args.min_ngram),
+                                                max_tokens=args.lookup_gamma), **kw).stats
+        return generate(target, draft, ids, gamma=args.gamma, vocab_width=width,
+                        lookup=NgramDrafter(min_ngram=args.min_ngram, max_ngram=max(3, args.min_ngram),
+                                            max_tokens=args.gamma), **kw).stats
+
+    for name, probs in problems.items():
+        prompts = [target.chat_prompt(p.prompt) for p in probs]
+        rates = {m: [] for m in modes}
+        tot = {m: {"tokens": 0, "calls": 0, "steps": 0, "lookup": 0, "lookup_acc": 0} for m in modes}
+        for rnd in range(args.rounds):
+            for i, ids in enumerate(prompts):
+                for mode in modes:
+                    st = run(mode, ids, 1000 * rnd + i)
+                    rates[mode].append(st.tokens_per_s)
+                    t = tot[mode]
+                    t["tokens"] += st.new_tokens
+                    t["calls"] += st.target_calls
+                    t["steps"] += sum(st.gamma_hist)
+                    t["lookup"] += st.lookup_steps
+                    t["lookup_acc"] += st.lookup_accepted
+            print(f"{name}: round {rnd + 1} done", flush=True)
+        base = statistics.median(rates[modes[0]])
+        print(f"\n{name}: {len(prompts)} prompts x {args.rounds} rounds x {args.tokens} tokens, lossless, "
+              f"{args.sampling}; target-only {base:.2f} tok/s")
+        print(f"  {'setting':24} {'BE':>6} {'lookup steps':>12} {'acc/lookup':>10} {'tok/s':>7} {'vs target':>9}")
+        for mode in modes:
+            t = tot[mode]
+            med = statistics.median(rates[mode])
+            share = f"{t['lookup'] / t['steps']:.0%}" if t["steps"] else ""
+            acc = f"{t['lookup_acc'] / t['lookup']:.2f}" if t["lookup"] else ""
+            print(f"  {mode:24} {t['tokens'] / t['calls']:6.2f} {share:>12} {acc:>10} {med:7.2f} {med / base:8.2f}x",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
