@@ -523,9 +523,25 @@ def test_engine_tree_sd_with_a_head_greedy_lossless_equals_target_greedy(head, t
     lossy = generate(backend, None, prompt, rule="lenience:ell=0.5", sampling=SamplingConfig(temperature=0.7),
                      head=drafter, max_new_tokens=16, seed=1)
     assert 1 <= lossy.stats.new_tokens <= 16 and lossy.stats.nodes_per_call > 0
+    # prompt lookup first, the head where nothing matches: still the greedy target text
+    from verispec.engine.ngram import NgramDrafter
+
+    seen = {"lookup": [0, 0], "head": [0, 0]}
+
+    def count(step):
+        seen[step.proposal.source][0] += 1
+        seen[step.proposal.source][1] += len(step.path)
+
+    both = generate(backend, None, prompt, rule="lossless", sampling=greedy, head=drafter, max_new_tokens=24,
+                    lookup=NgramDrafter(max_tokens=3), tree_observer=count)
+    assert both.tokens == base.tokens
+    assert both.stats.lookup_steps == seen["lookup"][0] > 0 and both.stats.lookup_accepted == seen["lookup"][1]
+    assert both.stats.lookup_steps < sum(both.stats.accepted_hist)   # the head drafted the other steps
     plain = HFBackend(target, tokenizer=tok)
     with pytest.raises(ValueError, match="capture_hidden"):
         generate(plain, None, prompt, rule="lossless", sampling=greedy, head=drafter, max_new_tokens=4)
+    with pytest.raises(ValueError, match="2 tokens"):
+        generate(backend, None, prompt[:1], rule="lossless", sampling=greedy, head=drafter, max_new_tokens=4)
 
 
 def test_drafter_follows_an_hf_backend_round(head, target):

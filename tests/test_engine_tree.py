@@ -146,8 +146,37 @@ def test_greedy_tree_sd_equals_greedy_target_only(tree):
     for rule in ("lossless", "greedy"):
         res = generate(target, draft, [1, 2, 3], rule=rule, sampling=GREEDY, tree=tree, max_new_tokens=40)
         assert res.tokens == ref.tokens
-        # the caches hold exactly the committed text (minus the last token)
-        assert target.tokens == [1, 2, 3] + res.tokens[:-1] or res.stats.stop_reason != "length"
+
+
+@pytest.mark.parametrize("tree", TREES + ["iid:1,1,1"])
+def test_every_step_sees_caches_that_hold_exactly_the_committed_text(tree):
+    """At every verification the target's p and the draft's q rows are those of the committed text plus
+    the node's path (FakeLM logits are a function of the whole prefix), whatever the previous steps
+    accepted; sampled decoding so that paths of every length occur."""
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    prompt = [1, 2, 3]
+    text = list(prompt)
+    checked = [0]
+
+    def check(step):
+        prop = step.proposal
+        for row in range(prop.n_nodes + 1):
+            path, node = [], row - 1
+            while node >= 0:
+                path.append(prop.tokens[node])
+                node = prop.parents[node]
+            want = T1.process(target.next_logits(text + path[::-1])[None])[0]
+            torch.testing.assert_close(step.p[row], want)
+            if row == 0 or prop.expanded[row - 1]:
+                torch.testing.assert_close(prop.q[row], T1.process(draft.next_logits(text + path[::-1])[None])[0])
+        text.extend([prop.tokens[i] for i in step.path] + [step.next_token])
+        checked[0] += 1
+
+    for seed in range(3):
+        text[:] = prompt
+        generate(target, draft, prompt, rule="lossless", sampling=T1, tree=tree, max_new_tokens=30, seed=seed,
+                 tree_observer=check)
+    assert checked[0] >= 6
 
 
 @pytest.mark.slow
@@ -235,6 +264,15 @@ def test_bench_runs_carry_the_tree_and_chain_run_ids_do_not_change():
     assert all(r.key.tree == "" for r in runs if not r.rule)
     with pytest.raises(ValueError, match="tree"):
         BenchConfig(datasets=["gsm8k"], trees=["x:1"]).validate()
+    # a chain spec is the ordinary chain (same run ids as --gamma); rules without a tree form and
+    # prompt lookup are refused before anything runs
+    chain = plan_runs(BenchConfig(datasets=["gsm8k"], rules=["lenience:ell=0.5"], trees=["chain:3"]), "d", "t")
+    same = plan_runs(BenchConfig(datasets=["gsm8k"], rules=["lenience:ell=0.5"], gammas=[3]), "d", "t")
+    assert {r.key.run_id for r in chain} == {r.key.run_id for r in same}
+    with pytest.raises(ValueError, match="point mass"):
+        BenchConfig(datasets=["gsm8k"], rules=["cos_we:lam=0.5"], trees=["4,2"]).validate()
+    with pytest.raises(ValueError, match="lookup"):
+        BenchConfig(datasets=["gsm8k"], rules=["lossless"], trees=["4,2"], lookup=True).validate()
 
 
 def test_tree_form_diagnosis_is_exact_on_recorded_trees():

@@ -93,7 +93,8 @@ def add_decoding_flags(ap: argparse.ArgumentParser, *, allow_auto_gamma: bool = 
                     help=f"draft tokens per target call γ: an integer >= 1{auto}")
     ap.add_argument("--tree", default=None,
                     help="draft a tree instead of a chain of γ tokens: 4,2,2,1 (top-k candidates per depth), "
-                    "iid:4,2 or wor:4,2 (sampled children), dynamic:top_k=10,depth=5,nodes=60 (EAGLE-2)")
+                    "iid:4,2 or wor:4,2 (sampled children), dynamic:top_k=10,depth=5,nodes=60 (EAGLE-2); "
+                    "bench: several separated by ';', chain:5 for the chain of γ 5")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
 

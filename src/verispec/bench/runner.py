@@ -34,8 +34,8 @@ from verispec.bench.datasets import Problem, load_problems
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
 from verispec.engine.ngram import lookup_for
-from verispec.engine.tree import TreeSpec
-from verispec.models import load_pair
+from verispec.engine.tree import TreeSpec, check_tree_rule
+from verispec.models import is_ngram_draft, load_pair
 from verispec.sampling import SamplingConfig
 from verispec.settings import DataSettings, ModelSettings
 
@@ -73,7 +73,8 @@ class BenchConfig(DataSettings, ModelSettings):
     rules: list[str] = field(default_factory=lambda: list(DEFAULT_RULES))
     samplings: list[str] = field(default_factory=lambda: [DEFAULT_SAMPLING])
     gammas: list[int] = field(default_factory=lambda: [5])
-    trees: list[str] = field(default_factory=list)   # draft tree specs (SD runs); empty: chains of γ
+    # draft shapes of the SD runs, replacing ``gammas`` when given (``chain:5`` is the chain of γ 5)
+    trees: list[str] = field(default_factory=list)
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0
     n_samples: int = 1
@@ -94,7 +95,13 @@ class BenchConfig(DataSettings, ModelSettings):
         for s in self.samplings:
             SamplingConfig.parse(s)
         for t in self.trees:
-            TreeSpec.parse(t)
+            spec = TreeSpec.parse(t)
+            if spec.is_chain:
+                continue
+            if self.lookup or is_ngram_draft(self.draft):
+                raise ValueError(f"prompt lookup drafts chains; it does not combine with tree {spec.spec()}")
+            for rule in self.rules:
+                check_tree_rule(rule_registry.get(rule), spec)
         for g in self.gammas:
             if isinstance(g, bool) or not isinstance(g, int) or g < 1:
                 raise ValueError(f"gamma must be an integer >= 1, got {g!r}")
@@ -169,10 +176,11 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
             runs[key.run_id] = PlannedRun(key, sampling, rule, dict(pair or {}))
         return key.run_id
 
-    trees = [TreeSpec.parse(t).spec() for t in cfg.trees] or [""]
-    for dataset, sampling_spec, gamma, tree in itertools.product(cfg.datasets, cfg.samplings, cfg.gammas, trees):
+    # a chain spec is the ordinary chain: same runs (and run ids) as --gamma
+    shapes = [(s.spec() if not s.is_chain else "", s.depth) for s in map(TreeSpec.parse, cfg.trees)]
+    grid = shapes or [("", g) for g in cfg.gammas]
+    for dataset, sampling_spec, (tree, gamma) in itertools.product(cfg.datasets, cfg.samplings, grid):
         sampling = SamplingConfig.parse(sampling_spec)
-        gamma = TreeSpec.parse(tree).depth if tree else gamma
         plain = add(dataset, None, sampling, gamma, "target_only") if (cfg.target_only or cfg.baselines) else None
         lossless = (add(dataset, "lossless", sampling, gamma, "lossless_ref", {"baseline": plain}, tree)
                     if cfg.lossless_ref else None)

@@ -53,7 +53,11 @@ class DiagnoseConfig(DataSettings, ModelSettings):
     tree: str | None = None   # also record trees of this spec and report each rule's tree form
 
     def tree_corpus_key(self) -> dict:
-        return {**self.corpus_key(), "tree": self.tree}
+        from verispec.engine.tree import TreeSpec
+
+        key = {**self.corpus_key(), "tree": TreeSpec.parse(self.tree).spec()}
+        del key["gamma"]   # a tree has its own depth
+        return key
 
     def corpus_key(self) -> dict:
         """The settings the recorded corpus depends on (rules and outputs do not matter)."""
@@ -94,7 +98,10 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     if cfg.tree:
         from verispec.engine.tree import TreeSpec
 
-        TreeSpec.parse(cfg.tree)
+        if TreeSpec.parse(cfg.tree).scheme != "deterministic":
+            raise ValueError(f"diagnose measures tree forms on deterministic candidates (topk:... or dynamic:...); "
+                             f"{cfg.tree!r} samples its children, whose law is an average over draws that one "
+                             "recorded tree cannot show")
     if cfg.bench_dir and accuracy_gaps is None:
         raise ValueError("bench_dir is set but no accuracy_gaps reader was passed (verispec.bench.cli.accuracy_gaps)")
     sampling = SamplingConfig.parse(cfg.sampling)

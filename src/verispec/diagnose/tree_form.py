@@ -20,9 +20,12 @@ Measures (:func:`summarize_tree_form`), per rule:
   E(child k))``), averaged over steps. Like the chain's :func:`recorded_block_efficiency` it is
   exact for the recorded trees, which were grown along the lossless trajectory.
 
-Candidates of a node whose token has ``p = 0`` there (not kept in the compact record) are dropped:
-every rule with a tree form accepts such a candidate with probability 0 and zeroing it leaves ``g``
-unchanged, so the node's law does not depend on them.
+Candidates are deterministic (``topk:`` and ``dynamic:`` trees; ``run_diagnose`` refuses sampled
+ones). A candidate whose token is not in the node's compact record is dropped. When the record is
+lossless (the whole supports kept: always the case with top-k / top-p sampling) such a token has
+``p = 0``: every rule with a tree form accepts it with probability 0 and zeroing it leaves ``g``
+unchanged, so the law is exact. Otherwise the dropped candidates carry at most the record's rest
+mass ``p_rest`` (stored per node), which bounds the error of that node's law.
 """
 
 from __future__ import annotations

@@ -250,9 +250,14 @@ def generate(
     ``HFBackend`` built with ``capture_hidden=head.head.target_layers``). Draft sources and their cache
     bookkeeping: :mod:`verispec.engine.sources`. ``draft_stop``: the draft model stops drafting a
     chain (expanding a tree node) at a token it gave probability below this (as transformers'
-    ``assistant_confidence_threshold``); ``stats.gamma_hist`` counts the lengths actually drafted.
+    ``assistant_confidence_threshold``; static trees and chains of the draft model only: dynamic trees,
+    heads and lookup rank their candidates otherwise); ``stats.gamma_hist`` counts the lengths
+    actually drafted. With a tree or a head, ``gamma`` is their depth.
     """
     policy = gamma if isinstance(gamma, AutoGamma) else None
+    if (tree is not None or head is not None) and (policy is not None or gamma == "auto"):
+        raise ValueError("gamma='auto' chooses the length of a chain; it does not apply to --tree or a head "
+                         "(drop one)")
     spec = TreeSpec.parse(tree) if tree is not None else None
     if spec is not None and spec.is_chain:
         gamma, spec = spec.depth, None
@@ -267,8 +272,6 @@ def generate(
     if draft is None and (policy is not None or gamma == "auto"):
         raise ValueError("gamma='auto' weighs the draft model's cost; prompt lookup alone or a head needs a "
                          "fixed gamma")
-    if spec is not None and (policy is not None or gamma == "auto"):
-        raise ValueError("gamma='auto' chooses the length of a chain; it does not apply to --tree (drop one)")
     if gamma == "auto":
         if not isinstance(costs, CostProfile):
             raise ValueError("gamma='auto' needs the machine's cost profile: pass costs=CostProfile "
@@ -348,10 +351,10 @@ def generate(
             n = int(n_acc[0])
             path = path_t[0, :n].tolist()
         stats.record_step(n, drafted)
-        from_model = proposal.draft_forwards > 0
+        from_model = proposal.source == "model"
         if policy is not None and from_model:
             policy.update(n, drafted)
-        if not from_model and lookup is not None and head is None:
+        if proposal.source == "lookup":
             stats.lookup_accepted += n
         if observer is not None and spec is None and from_model:
             observer(p, proposal.q[:drafted], torch.tensor(proposal.tokens), n)
@@ -365,14 +368,13 @@ def generate(
         target.commit_tree_path([0] + [i + 1 for i in path])
         sources.after_step(proposal, path, emitted)
     result = run.result()
-    if stats.lookup_steps:
-        pass  # the cost model has no term for draft-free steps: no modelled speedup
-    elif isinstance(costs, CostProfile) and spec is None:
+    # the cost model has no term for draft-free steps: no modelled speedup with lookup
+    if isinstance(costs, CostProfile) and spec is None and not stats.lookup_steps:
         reached = sum(stats.position_reached)
         alpha = sum(stats.position_accepted) / reached if reached else None
         modelled = sum(k * costs.step_cost(g, alpha) for g, k in enumerate(stats.gamma_hist))
         stats.cost_model_speedup = costs.speedup(stats.new_tokens, modelled) if modelled else None
-    elif costs is not None and spec is None:
+    elif costs is not None and spec is None and not stats.lookup_steps:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
 

@@ -68,8 +68,7 @@ class DraftSources:
             with self.stats.timing("draft_s"):
                 tokens, parents, _ = self.head.grow(self.root)
             self.stats.draft_calls += self.head.depth
-            proposal = DraftProposal(tokens, parents, None, "deterministic", [-1] * len(tokens), 0,
-                                     [False] * len(tokens))
+            proposal = DraftProposal.candidates(tokens, parents, "head")
             # nodes deeper than g, or whose token lies past the shared vocabulary (a head's reduced
             # vocabulary maps into the full lm_head, padding rows included), go with their subtrees
             depths = proposal.depths()
@@ -98,7 +97,7 @@ class DraftSources:
             self.lookup.extend(emitted)
         if self.draft is None:
             self.pending = emitted[-1:]
-        elif proposal.draft_forwards == 0:          # the draft model saw none of this step
+        elif proposal.source != "model":            # the draft model saw none of this step
             self.pending = self.pending + emitted
         else:
             seen = 0                                # leading path nodes the draft has processed
@@ -108,6 +107,9 @@ class DraftSources:
             self.pending = emitted[seen:]
 
     def _hidden(self, rows: int) -> torch.Tensor:
+        if rows == 0:
+            raise ValueError("an EAGLE-3 head pairs each hidden state with the next token: the prompt needs at "
+                             "least 2 tokens")
         hidden = getattr(self.target, "last_hidden", None)
         if hidden is None or hidden.shape[0] != rows:
             raise ValueError("an EAGLE-3 head needs the target's hidden states: load the target as "
@@ -127,6 +129,6 @@ def _keep(proposal: DraftProposal, wanted: list[bool]) -> DraftProposal | None:
     if not keep:
         return None
     index = {old: new for new, old in enumerate(keep)}
-    return DraftProposal([proposal.tokens[i] for i in keep],
-                         [index[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
-                         None, proposal.scheme, [-1] * len(keep), 0, [False] * len(keep))
+    return DraftProposal.candidates([proposal.tokens[i] for i in keep],
+                                    [index[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
+                                    proposal.source)

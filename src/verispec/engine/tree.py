@@ -81,6 +81,11 @@ class TreeSpec:
         word, sep, body = raw.partition(":")
         if not sep and word[:1].isdigit():
             word, body = "topk", raw
+        if word == "chain":
+            try:
+                return cls.chain(int(body))
+            except ValueError:
+                raise ValueError(f"tree chain: give the chain length, e.g. chain:5; got {body!r}") from None
         if word not in SCHEME_WORDS:
             raise ValueError(f"unknown tree kind {word!r}: use topk:B1,B2,..., iid:..., wor:... (branching per "
                              "depth, e.g. 4,2,2,1) or dynamic:top_k=10,depth=5,nodes=60")
@@ -156,6 +161,14 @@ class DraftProposal:
     in_draft: list[int] = field(default_factory=list)
     draft_forwards: int = 0
     expanded: list[bool] = field(default_factory=list)
+    source: str = "model"          # "model" (the draft model), "lookup" (prompt lookup) or "head" (EAGLE-3)
+
+    @classmethod
+    def candidates(cls, tokens: list[int], parents: list[int], source: str) -> "DraftProposal":
+        """Deterministic candidates from a source without a draft distribution (no ``q``, nothing
+        processed by the draft model)."""
+        n = len(tokens)
+        return cls(list(tokens), list(parents), None, "deterministic", [-1] * n, 0, [False] * n, source)
 
     @property
     def n_nodes(self) -> int:
@@ -175,8 +188,7 @@ class DraftProposal:
 def lookup_proposal(tokens: list[int]) -> DraftProposal:
     """A chain proposed without a draft model (prompt lookup): deterministic candidates, so the rules
     see point masses and there is no ``q``."""
-    k = len(tokens)
-    return DraftProposal(list(tokens), list(range(-1, k - 1)), None, "deterministic", [-1] * k, 0, [False] * k)
+    return DraftProposal.candidates(tokens, list(range(-1, len(tokens) - 1)), "lookup")
 
 
 def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
@@ -244,7 +256,7 @@ def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: str, genera
     """``k`` children below a node: the ``k`` best raw draft tokens (deterministic), ``k`` i.i.d. draws
     from ``q``, or ``k`` draws without replacement (fewer when ``q`` has fewer tokens)."""
     if scheme == "deterministic":
-        return torch.topk(logits, k).indices.tolist()
+        return torch.topk(logits, min(k, logits.numel())).indices.tolist()
     if scheme == "iid":
         return sample_categorical(q.expand(k, -1), generator).tolist() if k > 1 else \
             sample_categorical(q[None], generator).tolist()
@@ -274,7 +286,7 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
 
     def propose(node: int, base: float) -> list[int]:
         logp = torch.log_softmax(logits_of[node].double(), -1)
-        top = torch.topk(logp, k)
+        top = torch.topk(logp, min(k, logp.numel()))
         new = []
         for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
             cand_tok.append(tok)
