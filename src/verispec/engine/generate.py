@@ -368,13 +368,14 @@ def generate(
         target.commit_tree_path([0] + [i + 1 for i in path])
         sources.after_step(proposal, path, emitted)
     result = run.result()
-    # the cost model has no term for draft-free steps: no modelled speedup with lookup
-    if isinstance(costs, CostProfile) and spec is None and not stats.lookup_steps:
+    # the cost model covers draft-model chains: none for trees, heads or draft-free (lookup) steps
+    chains_only = spec is None and head is None and not stats.lookup_steps
+    if isinstance(costs, CostProfile) and chains_only:
         reached = sum(stats.position_reached)
         alpha = sum(stats.position_accepted) / reached if reached else None
         modelled = sum(k * costs.step_cost(g, alpha) for g, k in enumerate(stats.gamma_hist))
         stats.cost_model_speedup = costs.speedup(stats.new_tokens, modelled) if modelled else None
-    elif costs is not None and spec is None and not stats.lookup_steps:
+    elif costs is not None and chains_only:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
 
