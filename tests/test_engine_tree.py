@@ -311,3 +311,31 @@ def test_tree_corpus_round_trips(tmp_path):
     corpus.save(tmp_path / "t.npz")
     back = TreeCorpus.load(tmp_path / "t.npz")
     assert back.layout == corpus.layout and back.tree == "topk:2,2" and len(back) == len(corpus)
+
+
+def test_run_diagnose_with_a_tree_writes_the_tree_form_and_reuses_its_corpus(tmp_path):
+    """``diagnose --tree``: chain and tree corpora recorded through the engine, tree_form.{json,md,png}
+    written, rules without a tree form reported with the reason, the tree corpus reused on a re-run
+    (also when the spec is written differently), sampled trees refused."""
+    from tests.test_bench_runner import config, fake_models
+    from verispec.diagnose.run import DiagnoseConfig, run_diagnose
+
+    data = config(tmp_path, rules=["lossless"], n_rows=3)
+    specs = ["lossless", "lenience:ell=0.5", "speccascade:p_base=0.3", "cos_we:lam=0.5"]
+    cfg = DiagnoseConfig(datasets=data.datasets, question_field="question", answer_field="answer", id_field="id",
+                         checker="gsm8k", limit=2, rules=specs, sampling="temperature=1", gamma=3, max_new_tokens=10,
+                         out=str(tmp_path / "diag"), tree="3,2")
+    logs: list[str] = []
+    result = run_diagnose(cfg, progress=False, log=logs.append, load_models=fake_models)
+    by_rule = {e["rule"]: e for e in result["tree_form"]}
+    assert by_rule["lossless"]["tree_form"]["tv"] == pytest.approx(0, abs=1e-9)
+    assert by_rule["lenience:ell=0.5"]["n_decision_nodes"] > 0 and by_rule["lenience:ell=0.5"]["tokens_per_call"] > 1
+    assert "point mass" in by_rule["cos_we:lam=0.5"]["note"]
+    for name in ("tree_form.json", "tree_form.md", "tree_form.png", "tree_corpus.npz"):
+        assert (tmp_path / "diag" / name).stat().st_size > 0
+    cfg.tree = "topk:3,2"
+    run_diagnose(cfg, progress=False, log=logs.append, load_models=None)
+    assert any("reusing" in m and "tree nodes" in m for m in logs)
+    cfg.tree = "iid:3,2"
+    with pytest.raises(ValueError, match="deterministic"):
+        run_diagnose(cfg, progress=False, log=logs.append, load_models=fake_models)

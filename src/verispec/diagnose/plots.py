@@ -5,7 +5,9 @@
 * :func:`plot_distortion_vs_entropy` — binned mean distortion per rule against the target entropy;
 * :func:`plot_position` — one recorded position (Figure-2 style): tokens sorted by target probability
   (top ``top`` + "rest"), bars for ``p`` and ``q``, their overlap ``min(p, q)``, and the induced
-  distribution of each chosen rule.
+  distribution of each chosen rule;
+* :func:`plot_tree_form` — each rule's tree form beside its chain form at the same nodes, overall
+  and by target entropy.
 """
 
 from __future__ import annotations
@@ -206,4 +208,38 @@ def plot_position(records, index: int, rule_specs: Sequence[str], path: str | os
             f"position {m['position'][index]}; H(p) = {float(m['target_entropy'][index]):.3f} nats; "
             f"rest p = {float(m['p_rest'][index]):.1e}, q = {float(m['q_rest'][index]):.1e}")
     ax.set_title(title or desc, fontsize=9)
+    return _save(fig, path)
+
+
+def plot_tree_form(summary: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> str:
+    """Tree form vs chain form of each rule at the same decision nodes
+    (:func:`verispec.diagnose.tree_form.summarize_tree_form`): left, mean TV to the true baseline per
+    rule; right, TV by target entropy, chain dashed and tree solid, one colour per rule."""
+    rows = [e for e in summary if e.get("tree_form") and _num(e["chain_form"].get("tv")) > 0]
+    fig = _figure(12, 4.6)
+    left, right = fig.subplots(1, 2)
+    names = [e["rule"] for e in rows]
+    xs = np.arange(len(rows))
+    left.bar(xs - 0.2, [_num(e["chain_form"]["tv"]) for e in rows], 0.4, label="chain form (same nodes)")
+    left.bar(xs + 0.2, [_num(e["tree_form"]["tv"]) for e in rows], 0.4, label="tree form")
+    for x, e in zip(xs, rows):
+        left.annotate(f"{_num(e['tv_amplification']):.2f}x", (x + 0.2, _num(e["tree_form"]["tv"])),
+                      ha="center", va="bottom", fontsize=8)
+    left.set_xticks(xs, names, rotation=35, ha="right", fontsize=8)
+    left.set_ylabel(_LABELS["tv"])
+    left.set_title(f"{summary[0]['tree'] if summary else ''}: {summary[0]['n_decision_nodes'] if summary else 0} "
+                   "decision nodes", fontsize=9)
+    top = max([_num(e["tree_form"]["tv"]) for e in rows] + [_num(e["chain_form"]["tv"]) for e in rows] + [1e-9])
+    left.set_ylim(0, 1.3 * top)
+    left.legend(fontsize=8, loc="upper right")
+    for i, e in enumerate(rows):
+        bins = e.get("by_entropy") or []
+        centers = [(b["lo"] + (b["hi"] if math.isfinite(b["hi"]) else b["lo"] + 1)) / 2 for b in bins]
+        colour = f"C{i % 10}"
+        right.plot(centers, [_num(b["tv_chain"]) for b in bins], "--", color=colour, marker="o", markersize=3)
+        right.plot(centers, [_num(b["tv_tree"]) for b in bins], "-", color=colour, marker="o", markersize=3,
+                   label=e["rule"])
+    right.set_xlabel("target entropy at the node [nats] (bin centres)")
+    right.set_ylabel("TV: chain form dashed, tree form solid")
+    right.legend(fontsize=7)
     return _save(fig, path)

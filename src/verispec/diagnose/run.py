@@ -171,6 +171,9 @@ def _tree_form(cfg: DiagnoseConfig, sampling, out: Path, log, load_models, progr
     summary = summarize_tree_form(corpus, cfg.rules)
     (out / "tree_form.json").write_text(json.dumps(to_jsonable(summary), indent=2))
     (out / "tree_form.md").write_text(tree_form_markdown(summary))
+    from verispec.diagnose.plots import plot_tree_form
+
+    plot_tree_form(summary, out / "tree_form.png")
     return summary
 
 
