@@ -44,6 +44,7 @@ def _stats_table(stats, baseline: bool) -> str:
             ("block efficiency (tokens/target call)", f"{d['block_efficiency']:.3f}"),
             ("mean accepted per step", f"{d['mean_accepted']:.3f}"),
             ("draft nodes per target call", f"{d['nodes_per_call']:.2f}"),
+            ("prompt-lookup steps (drafts accepted)", f"{d['lookup_steps']} ({d['lookup_accepted']})"),
             ("accepted-per-step histogram", d["accepted_hist"]),
             ("per-position acceptance", "[" + ", ".join(f"{x:.2f}" for x in d["per_position_acceptance"]) + "]"),
             ("draft forward time (s)", f"{d['draft_s']:.3f}"),
