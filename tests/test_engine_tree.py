@@ -339,3 +339,32 @@ def test_run_diagnose_with_a_tree_writes_the_tree_form_and_reuses_its_corpus(tmp
     cfg.tree = "iid:3,2"
     with pytest.raises(ValueError, match="deterministic"):
         run_diagnose(cfg, progress=False, log=logs.append, load_models=fake_models)
+
+
+def test_bench_plans_and_runs_gamma_auto_beside_fixed_gamma(tmp_path, monkeypatch):
+    """``bench --gamma auto``: SD runs keyed apart from fixed γ (fixed-γ run ids unchanged), run with the
+    cost profile, reported as γ = auto."""
+    from tests.test_bench_runner import config, fake_models
+    from verispec.bench import runner
+    from verispec.bench.rows import collect_rows
+    from verispec.bench.store import RunKey
+
+    plan = runner.plan_runs(runner.BenchConfig(datasets=["gsm8k"], rules=["lenience:ell=0.5"], gammas=[3, "auto"]),
+                            "d", "t")
+    auto = [r for r in plan if r.key.gamma_policy == "auto"]
+    assert auto and all(r.rule for r in auto) and {r.key.role for r in auto} == {"method", "lossless_ref"}
+    fixed = RunKey(dataset="gsm8k", rule="lenience:ell=0.5", sampling=auto[0].key.sampling, gamma=3, draft="d",
+                   target="t", max_new_tokens=auto[0].key.max_new_tokens, seed=0)
+    assert fixed.run_id in {r.key.run_id for r in plan} and "gamma_policy" not in fixed.to_dict()
+    with pytest.raises(ValueError, match="auto"):
+        runner.BenchConfig(datasets=["gsm8k"], gammas=["auto"], draft="ngram").validate()
+
+    monkeypatch.delenv("VERISPEC_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # the fake pair's cost profile goes here
+    cfg = config(tmp_path, rules=["lenience:ell=0.5"], n_rows=2)
+    cfg.gammas = ["auto"]
+    out, _ = runner.run_bench(cfg, progress=False, load_models=fake_models, log=lambda m: None, report=True)
+    rows = [r for r in collect_rows(out) if r.key.gamma_policy == "auto"]
+    assert rows and all(r.gamma_label == "auto" for r in rows)
+    assert "| auto |" in (out / "report.md").read_text()
+    assert list((tmp_path / "cache" / "verispec" / "costs").iterdir())          # measured once, cached

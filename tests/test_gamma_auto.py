@@ -181,12 +181,14 @@ def test_measured_profile_and_bad_profiles():
         generate(target, draft, [0], rule="lossless", sampling=T1, gamma=5, max_new_tokens=3, costs=prof)
 
 
-def test_cli_gamma_flag():
+def test_cli_gamma_flag(capsys):
     from verispec.cli import main
 
-    with pytest.raises(SystemExit) as e:
-        main(["bench", "--gamma", "auto", "--dry-run"])
+    with pytest.raises(SystemExit) as e:   # diagnose records fixed blocks: it needs a fixed γ
+        main(["diagnose", "--gamma", "auto"])
     assert e.value.code == 2
+    assert main(["bench", "--gamma", "auto", "--dry-run", "--rules", "lenience:ell=0.5"]) == 0
+    assert "γ=auto(≤8)" in capsys.readouterr().out
     assert main(["generate", "--prompt", "x", "--gamma", "auto", "--no-cost-model", "--target", "nope.gguf"]) == 2
 
 

@@ -75,7 +75,8 @@ def gamma_value(text: str, allow_auto: bool) -> int | str:
     if text.strip().lower() == "auto":
         if allow_auto:
             return "auto"
-        raise argparse.ArgumentTypeError("'auto' is available in `verispec generate`; this command needs a fixed γ")
+        raise argparse.ArgumentTypeError("'auto' is available in `verispec generate` and `verispec bench`; "
+                                         "this command needs a fixed γ")
     try:
         return int(text)  # the range is checked by the command, with its own message
     except ValueError:

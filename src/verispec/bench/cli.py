@@ -38,7 +38,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
     p.add_argument("--no-progress", action="store_true")
     flags.add_model_flags(p)
-    flags.add_decoding_flags(p)
+    flags.add_decoding_flags(p, allow_auto_gamma=True)
     p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None, tree=None)
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")

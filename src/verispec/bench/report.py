@@ -154,7 +154,7 @@ def format_table(rows: list[RunRow], conf: float = 0.95) -> str:
     cols += [
         ("rule", lambda r: _esc(r.rule)),
         ("sampling", lambda r: _esc(r.sampling)),
-        ("γ", lambda r: str(r.gamma)),
+        ("γ", lambda r: r.gamma_label),
         ("role", lambda r: _ROLE_LABEL.get(r.role, _esc(r.role))),
     ]
     if any(r.tree for r in rows):

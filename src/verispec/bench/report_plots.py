@@ -69,7 +69,7 @@ def plot_frontier(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
     families = list(OrderedDict.fromkeys(r.family for r in meth))
     colour = _colours(families)
     members: dict[str, list[str]] = defaultdict(list)   # family -> member labels, for markers
-    vary = {"sampling": len({r.sampling for r in meth}) > 1, "gamma": len({r.gamma for r in meth}) > 1,
+    vary = {"sampling": len({r.sampling for r in meth}) > 1, "gamma": len({r.gamma_label for r in meth}) > 1,
             "models": len({(r.draft, r.target) for r in meth}) > 1}
     base_family = _families_of_baselines(rows)
     ref_styles = {"target_only": ("0.2", "--"), "lossless_ref": ("0.5", ":")}
@@ -114,7 +114,7 @@ def plot_frontier(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
         groups: OrderedDict[tuple, list[RunRow]] = OrderedDict()
         for r in mine:
             if r.role == "method" and r.block_efficiency is not None:
-                groups.setdefault((r.family, r.sampling, r.gamma, r.draft, r.target), []).append(r)
+                groups.setdefault((r.family, r.sampling, r.gamma_label, r.draft, r.target), []).append(r)
         for (fam, *_), grp in groups.items():
             grp.sort(key=lambda r: r.block_efficiency)
             if len(grp) > 1:  # the family's frontier
@@ -153,7 +153,7 @@ def _series_label(r: RunRow, vary: dict[str, bool]) -> str:
     if vary["sampling"]:
         parts.append(r.sampling)
     if vary["gamma"]:
-        parts.append(f"γ={r.gamma}")
+        parts.append(f"γ={r.gamma_label}")
     if vary["models"]:
         parts.append(f"{r.draft}→{r.target}")
     return ", ".join(parts)
@@ -165,7 +165,7 @@ def plot_gap(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
     meth = [r for r in rows if r.role == "method" and r.vs_baseline is not None]
     vary = {
         "sampling": len({r.sampling for r in meth}) > 1,
-        "gamma": len({r.gamma for r in meth}) > 1,
+        "gamma": len({r.gamma_label for r in meth}) > 1,
         "models": len({(r.draft, r.target) for r in meth}) > 1,
     }
     # one series per rule vs its true baseline, plus one per truncation rule vs the wrong baseline

@@ -163,6 +163,8 @@ class RunRow:
     family = property(lambda self: self.key.family)
     sampling = property(lambda self: self.key.sampling)
     gamma = property(lambda self: self.key.gamma)
+    #: γ as shown: the number, or "auto" (chosen per step by the cost model, up to ``gamma``)
+    gamma_label = property(lambda self: "auto" if self.key.gamma_policy == "auto" else str(self.key.gamma))
     tree = property(lambda self: self.key.tree)
     role = property(lambda self: self.key.role)
     draft = property(lambda self: self.key.draft)
@@ -178,7 +180,7 @@ class RunRow:
     def group(self) -> tuple:
         """Runs that share prompts, sampling, draft blocks and budget (so share a recorded corpus)."""
         k = self.key
-        return (k.dataset, k.sampling, k.gamma, k.draft, k.target, k.max_new_tokens, k.seed, k.tree)
+        return (k.dataset, k.sampling, k.gamma, k.draft, k.target, k.max_new_tokens, k.seed, k.tree, k.gamma_policy)
 
     def to_dict(self) -> dict:
         d = asdict(self)

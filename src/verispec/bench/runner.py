@@ -33,6 +33,7 @@ from verispec.bench.checkers import check
 from verispec.bench.datasets import Problem, load_problems
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.ngram import lookup_for
 from verispec.engine.tree import TreeSpec, check_tree_rule
 from verispec.models import is_ngram_draft, load_pair
@@ -72,7 +73,7 @@ class BenchConfig(DataSettings, ModelSettings):
     limit: int | None = DEFAULT_LIMIT
     rules: list[str] = field(default_factory=lambda: list(DEFAULT_RULES))
     samplings: list[str] = field(default_factory=lambda: [DEFAULT_SAMPLING])
-    gammas: list[int] = field(default_factory=lambda: [5])
+    gammas: list[int | str] = field(default_factory=lambda: [5])   # "auto": chosen per step (cost model)
     # draft shapes of the SD runs, replacing ``gammas`` when given (``chain:5`` is the chain of γ 5)
     trees: list[str] = field(default_factory=list)
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -103,8 +104,10 @@ class BenchConfig(DataSettings, ModelSettings):
             for rule in self.rules:
                 check_tree_rule(rule_registry.get(rule), spec)
         for g in self.gammas:
-            if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-                raise ValueError(f"gamma must be an integer >= 1, got {g!r}")
+            if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+                raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {g!r}")
+        if "auto" in self.gammas and (self.lookup or is_ngram_draft(self.draft)):
+            raise ValueError("gamma 'auto' weighs the draft model's cost; it does not apply to prompt lookup")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.n_samples < 1:
@@ -169,9 +172,11 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
     runs: dict[str, PlannedRun] = {}
 
     def add(dataset, rule, sampling, gamma, role, pair=None, tree="") -> str:
-        key = RunKey(dataset=dataset, rule=rule or TARGET_ONLY, sampling=sampling.spec(), gamma=gamma if rule else 0,
+        auto = gamma == "auto" and bool(rule)
+        key = RunKey(dataset=dataset, rule=rule or TARGET_ONLY, sampling=sampling.spec(),
+                     gamma=(DEFAULT_G_MAX if auto else gamma) if rule else 0,
                      draft=draft_name if rule else "", target=target_name, max_new_tokens=cfg.max_new_tokens,
-                     seed=cfg.seed, role=role, tree=tree if rule else "")
+                     seed=cfg.seed, role=role, tree=tree if rule else "", gamma_policy="auto" if auto else "")
         if key.run_id not in runs:
             runs[key.run_id] = PlannedRun(key, sampling, rule, dict(pair or {}))
         return key.run_id
@@ -225,7 +230,7 @@ class Bench:
         self.problems = load_problems(self.cfg, self.log, few_shot=self.cfg.few_shot)
 
     def run(self) -> Path:
-        from verispec.engine import generate, generate_target_only, measure_costs
+        from verispec.engine import cached_profile, generate, generate_target_only, measure_costs
 
         self.load_problems()
         draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")
@@ -268,7 +273,12 @@ class Bench:
                                                vocab_width=width)
                 else:
                     gamma, tree = run.key.gamma, run.key.tree or None
-                    if gamma not in costs and tree is None and draft is not None:
+                    if run.key.gamma_policy == "auto":
+                        gamma = "auto"
+                        if gamma not in costs:
+                            costs[gamma] = cached_profile(target, draft, ids, n_threads=self.cfg.n_threads,
+                                                          g_max=DEFAULT_G_MAX)[0]
+                    elif gamma not in costs and tree is None and draft is not None:
                         costs[gamma] = measure_costs(target, draft, ids, gamma)
                     # lossless runs record every drafted (p, q): the report's exact per-token distortion
                     recording = SampleRecording(problem.dataset, problem.id) if run.rule == RECORDED_RULE else None
@@ -320,5 +330,7 @@ def describe_plan(runs: Iterable[PlannedRun]) -> str:
     for r in runs:
         pair = ", ".join(f"{k}={v}" for k, v in r.pair.items() if v)
         k = r.key
-        lines.append(f"  {k.run_id}  {k.role:12} {k.dataset:10} {k.rule:34} {k.sampling:40} γ={k.gamma} {pair}")
+        gamma = f"auto(≤{k.gamma})" if k.gamma_policy == "auto" else str(k.gamma)
+        shape = f" tree={k.tree}" if k.tree else ""
+        lines.append(f"  {k.run_id}  {k.role:12} {k.dataset:10} {k.rule:34} {k.sampling:40} γ={gamma}{shape} {pair}")
     return "\n".join(lines)

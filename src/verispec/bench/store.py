@@ -126,6 +126,7 @@ class RunKey:
     seed: int
     role: str = "method"  # "method" | "baseline" | "target_only" | "lossless_ref"
     tree: str = ""        # draft tree spec (TreeSpec.spec()); "" = a chain of gamma tokens
+    gamma_policy: str = ""  # "auto": γ chosen per step by the cost model, up to ``gamma``; "" = fixed γ
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -134,14 +135,15 @@ class RunKey:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"RunKey.{name} must be int, got {type(v).__name__}")
-        for name in ("dataset", "rule", "sampling", "draft", "target", "tree"):
+        for name in ("dataset", "rule", "sampling", "draft", "target", "tree", "gamma_policy"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"RunKey.{name} must be str")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        if not d["tree"]:
-            del d["tree"]   # chains keep the run ids they had before trees existed
+        for name in ("tree", "gamma_policy"):
+            if not d[name]:
+                del d[name]   # fixed-γ chains keep the run ids they had before these fields existed
         return d
 
     def canonical_json(self) -> str:
