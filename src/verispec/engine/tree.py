@@ -240,8 +240,9 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
                 q_of[i], logits_of[i] = probs[row], logits[row]
             frontier = new
     else:
-        tokens, parents, in_draft, forwards_more = _grow_dynamic(draft, spec, depth, sampling, width, q_of,
-                                                                 logits_of, timed)
+        tokens, parents, in_draft, q_rows, forwards_more = _grow_dynamic(draft, spec, depth, sampling, width,
+                                                                         root_logits[0], timed)
+        q_of.update(q_rows)
         forwards += forwards_more
 
     with timed("rule_s"):
@@ -272,16 +273,20 @@ def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: str, genera
 
 
 def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: SamplingConfig, width: int,
-                  q_of: dict, logits_of: dict, timed) -> tuple[list[int], list[int], list[int], int]:
+                  root_logits: torch.Tensor, timed) -> tuple[list[int], list[int], list[int], dict, int]:
     """EAGLE-2 growth: candidates carry cumulative raw draft log-probabilities; per depth the
     ``top_k`` best candidates of that depth are expanded (one draft forward), each proposing its
     ``top_k`` best children; finally the ``nodes`` best candidates are kept (each with its parent)
-    and laid out depth by depth, siblings by rank."""
+    and laid out depth by depth, siblings by rank. Returns the kept nodes' tokens, parents and ids
+    in the draft's tree, the processed draft rows of the expanded ones (by kept index), and the
+    number of draft forwards."""
     k = spec.top_k
     cand_tok: list[int] = []
     cand_par: list[int] = []
     cand_score: list[float] = []
     cand_draft: list[int] = []
+    cand_q: dict[int, torch.Tensor] = {}               # expanded candidates: processed draft row
+    logits_of: dict[int, torch.Tensor] = {-1: root_logits}
     forwards = 0
 
     def propose(node: int, base: float) -> list[int]:
@@ -311,7 +316,7 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
             for row, i in enumerate(frontier):
                 cand_draft[i] = draft_ids
                 draft_ids += 1
-                q_of[("c", i)], logits_of[i] = probs[row], logits[row]
+                cand_q[i], logits_of[i] = probs[row], logits[row]
                 level += propose(i, cand_score[i])
 
     with timed("rule_s"):
@@ -323,22 +328,20 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
                 keep.add(i)
         # Lay out depth by depth; siblings by score (draft rank); parents first.
         order: list[int] = []
+        new_index: dict[int, int] = {}                 # candidate -> kept index
         queue = [i for i in range(len(cand_tok)) if cand_par[i] < 0 and i in keep]
         while queue:
-            queue.sort(key=lambda i: (order.index(cand_par[i]) if cand_par[i] >= 0 else -1, -cand_score[i]))
-            order += queue
+            queue.sort(key=lambda i: (new_index.get(cand_par[i], -1), -cand_score[i]))
+            for i in queue:
+                new_index[i] = len(order)
+                order.append(i)
             placed = set(queue)
             queue = [i for i in range(len(cand_tok)) if i in keep and cand_par[i] in placed]
-        new_index = {c: j for j, c in enumerate(order)}
         tokens = [cand_tok[c] for c in order]
         parents = [new_index[cand_par[c]] if cand_par[c] >= 0 else -1 for c in order]
         in_draft = [cand_draft[c] for c in order]
-        for c in order:
-            if ("c", c) in q_of:
-                q_of[new_index[c]] = q_of.pop(("c", c))
-        for key in [key for key in q_of if isinstance(key, tuple)]:
-            del q_of[key]
-    return tokens, parents, in_draft, forwards
+        q_rows = {new_index[c]: row for c, row in cand_q.items() if c in new_index}
+    return tokens, parents, in_draft, q_rows, forwards
 
 
 class _NoTimer:
