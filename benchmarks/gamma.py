@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from types import SimpleNamespace
 
 from verispec.runtime import tune_openmp
 
@@ -22,6 +21,7 @@ tune_openmp()
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
+from verispec.settings import ModelSettings  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -40,8 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-threads", type=int, default=None)
     args = ap.parse_args(argv)
     sampling = SamplingConfig.parse(args.sampling)
-    settings = SimpleNamespace(target=None, draft=None, n_threads=args.n_threads, n_ctx=4096, device="cpu",
-                               dtype=None)
+    settings = ModelSettings(n_threads=args.n_threads)
     target, draft, width = load_pair(settings)
     prompts = [target.chat_prompt(p) for p in PROMPTS]
     gammas = [int(g) for g in args.gammas.split(",")]

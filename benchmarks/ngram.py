@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from types import SimpleNamespace
 
 from verispec.runtime import tune_openmp
 
@@ -26,6 +25,7 @@ from verispec.engine import generate, generate_target_only  # noqa: E402
 from verispec.engine.ngram import NgramDrafter  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
+from verispec.settings import DataSettings, ModelSettings  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,12 +42,10 @@ def main(argv=None) -> int:
     ap.add_argument("--n-threads", type=int, default=None)
     args = ap.parse_args(argv)
     sampling = SamplingConfig.parse(args.sampling)
-    data = SimpleNamespace(datasets=[d for d in args.datasets.split(",") if d], data_dir=args.data_dir,
-                           question_field=None, answer_field=None, id_field=None, checker=None, on_bad_row="skip",
-                           limit=args.limit, offset=0)
+    data = DataSettings(datasets=[d for d in args.datasets.split(",") if d], data_dir=args.data_dir,
+                        limit=args.limit)
     problems = load_problems(data, print)
-    settings = SimpleNamespace(target=None, draft=None, n_threads=args.n_threads, n_ctx=4096, device="cpu",
-                               dtype=None, lookup=False)
+    settings = ModelSettings(n_threads=args.n_threads)
     target, draft, width = load_pair(settings)
     modes = ["target-only", f"draft model γ={args.gamma}", f"lookup alone γ≤{args.lookup_gamma}",
              f"lookup + draft γ={args.gamma}"]

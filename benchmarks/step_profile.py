@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-from types import SimpleNamespace
 
 from verispec.runtime import tune_openmp
 
@@ -21,6 +20,7 @@ tune_openmp()
 from verispec.engine import generate  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
+from verispec.settings import ModelSettings  # noqa: E402
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 #: Profile entries that are model compute or waiting for it.
@@ -35,8 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args(argv)
-    settings = SimpleNamespace(target=None, draft=None, n_threads=None, n_ctx=4096, device="cpu", dtype=None,
-                               lookup=False)
+    settings = ModelSettings()
     target, draft, width = load_pair(settings)
     ids = target.chat_prompt(PROMPT)
     sampling = SamplingConfig.parse(args.sampling)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import SimpleNamespace
 
 from verispec.runtime import tune_openmp
 
@@ -26,6 +25,7 @@ from verispec.engine import generate, generate_target_only  # noqa: E402
 from verispec.engine.tree import TreeSpec  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
+from verispec.settings import ModelSettings  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -78,8 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-threads", type=int, default=None)
     args = ap.parse_args(argv)
     sampling = SamplingConfig.parse(args.sampling)
-    settings = SimpleNamespace(target=None, draft=None, n_threads=args.n_threads, n_ctx=4096, device="cpu",
-                               dtype=None, lookup=False)
+    settings = ModelSettings(n_threads=args.n_threads)
     target, draft, width = load_pair(settings)
     prompts = [target.chat_prompt(p) for p in PROMPTS]
 
