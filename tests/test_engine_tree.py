@@ -326,7 +326,14 @@ def test_run_diagnose_with_a_tree_writes_the_tree_form_and_reuses_its_corpus(tmp
                          checker="gsm8k", limit=2, rules=specs, sampling="temperature=1", gamma=3, max_new_tokens=10,
                          out=str(tmp_path / "diag"), tree="3,2")
     logs: list[str] = []
-    result = run_diagnose(cfg, progress=False, log=logs.append, load_models=fake_models)
+    loads: list[int] = []
+
+    def counted(*args, **kw):
+        loads.append(1)
+        return fake_models(*args, **kw)
+
+    result = run_diagnose(cfg, progress=False, log=logs.append, load_models=counted)
+    assert len(loads) == 1   # both corpora recorded with one model pair
     by_rule = {e["rule"]: e for e in result["tree_form"]}
     assert by_rule["lossless"]["tree_form"]["tv"] == pytest.approx(0, abs=1e-9)
     assert by_rule["lenience:ell=0.5"]["n_decision_nodes"] > 0 and by_rule["lenience:ell=0.5"]["tokens_per_call"] > 1

@@ -107,6 +107,7 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     sampling = SamplingConfig.parse(cfg.sampling)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    load_models = _load_once(load_models)   # the chain and tree corpora record with the same pair
     corpus = _reuse_or_record(
         cfg, out / "corpus.npz", cfg.corpus_key(), PositionRecorder.load, "positions", log, load_models,
         lambda target, draft, problems: collect_corpus(
@@ -136,6 +137,21 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     return result
 
 
+def _load_once(load_models):
+    """``load_models`` (default :func:`verispec.models.load_pair`) that builds the pair on its first
+    call only and returns the same models afterwards."""
+    pair: list = []
+
+    def load(cfg: DiagnoseConfig, need_draft: bool = True):
+        if not pair:
+            from verispec.models import load_pair
+
+            pair.append((load_models or load_pair)(cfg, need_draft=need_draft))
+        return pair[0]
+
+    return load
+
+
 def _reuse_or_record(cfg: DiagnoseConfig, path: Path, key: dict, load, what: str, log, load_models, record):
     """The corpus at ``path`` when ``path.json`` says it was recorded with ``key`` (and no
     ``recollect``); else ``record(target, draft, problems)`` on the configured problems, saved with
@@ -146,10 +162,9 @@ def _reuse_or_record(cfg: DiagnoseConfig, path: Path, key: dict, load, what: str
         log(f"diagnose: reusing {len(corpus)} recorded {what} from {path}")
         return corpus
     from verispec.bench.datasets import load_problems
-    from verispec.models import load_pair
 
     problems = [p for ps in load_problems(cfg, log).values() for p in ps]
-    target, draft, _ = (load_models or load_pair)(cfg, need_draft=True)
+    target, draft, _ = load_models(cfg, need_draft=True)
     corpus = record(target, draft, problems)
     corpus.save(path)
     key_path.write_text(json.dumps(key))
