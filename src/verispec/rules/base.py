@@ -172,6 +172,11 @@ class InducedForm:
     acceptance_is_set_mass: bool = True
 
 
+#: The families of the map of rules: lossless; accept iff the draft is in a target allowed set; interpolate
+#: draft and target (collaborative); defer to a target built from both (deferral); anything else.
+TAXONOMY = ("lossless", "truncation set", "collaborative", "deferral", "other")
+
+
 class Rule:
     """A verification rule. Subclasses set ``name``, ``is_lossless`` and implement the methods.
 
@@ -194,6 +199,9 @@ class Rule:
     per_token: ClassVar[bool] = True
     pointwise_acceptance: ClassVar[bool] = False
     family: ClassVar[str] = ""
+    #: Place in the taxonomy of verification rules (``verispec rules`` groups by it); one of
+    #: :data:`TAXONOMY`.
+    taxonomy: ClassVar[str] = "other"
 
     def __init__(self, **params: object) -> None:
         self.params = dict(params)

@@ -54,6 +54,7 @@ class BlockVerification(Rule):
     is_lossless = True
     per_token = False
     family = "lossless"
+    taxonomy = "lossless"
 
     def describe(self) -> str:
         return "block verification (Sun et al.): lossless over the block, accepts at least as much as token-level"

@@ -49,6 +49,7 @@ def lossless_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 class Lenience(PerTokenRule):
     name = "lenience"
     family = "lenience"
+    taxonomy = "collaborative"
     pointwise_acceptance = True
     PARAMS = (ELL,)
 
@@ -90,6 +91,7 @@ class Lenience(PerTokenRule):
 class CosWE(PerTokenRule):
     name = "cos_we"
     family = "cos_we"
+    taxonomy = "collaborative"
     pointwise_acceptance = True
     PARAMS = (LAM,)
 
@@ -146,6 +148,7 @@ def contrastive_target(p: torch.Tensor, q: torch.Tensor, mu: float) -> torch.Ten
 class CosCD(ExactTargetRule):
     name = "cos_cd"
     family = "cos_cd"
+    taxonomy = "collaborative"
     PARAMS = (MU,)
 
     def __init__(self, mu: float = 0.1) -> None:
@@ -169,6 +172,7 @@ class CeilingOnTarget(PerTokenRule):
 
     name = "ceiling"
     family = "ceiling"
+    taxonomy = "collaborative"
     pointwise_acceptance = True
     PARAMS = (KAPPA, BASE)
 
@@ -207,6 +211,7 @@ class CeilingOnEnsemble(ExactTargetRule):
 
     name = "ceiling"
     family = "ceiling"
+    taxonomy = "collaborative"
     PARAMS = (KAPPA, BASE, LAM, MU)
 
     def __init__(self, kappa: float, base: str, lam: float | None = None, mu: float | None = None) -> None:

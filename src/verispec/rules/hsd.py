@@ -31,6 +31,7 @@ class HSD(Rule):
     is_lossless = True
     per_token = False
     family = "lossless"
+    taxonomy = "lossless"
 
     def describe(self) -> str:
         return "hierarchical speculative decoding (lossless, running-max cap, backward walk)"

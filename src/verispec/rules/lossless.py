@@ -28,6 +28,7 @@ class Lossless(PerTokenRule):
     is_lossless = True
     pointwise_acceptance = True
     family = "lossless"
+    taxonomy = "lossless"
 
     def describe(self) -> str:
         return "lossless token-level speculative sampling: accept min(1, p/q), resample norm((p-q)+)"
@@ -57,6 +58,7 @@ class Greedy(PerTokenRule):
     name = "greedy"
     is_lossless = True
     family = "lossless"
+    taxonomy = "lossless"
 
     def describe(self) -> str:
         return "greedy exact match: accept iff the draft is argmax p, correct to argmax p"

@@ -83,6 +83,7 @@ class _AllowedSetRule(PerTokenRule):
 class SpecCascade(_AllowedSetRule):
     name = "speccascade"
     family = "speccascade"
+    taxonomy = "truncation set"
     PARAMS = (P_BASE,)
 
     def __init__(self, p_base: float) -> None:
@@ -108,6 +109,7 @@ class SpecCascade(_AllowedSetRule):
 class Typical(_AllowedSetRule):
     name = "typical"
     family = "typical"
+    taxonomy = "truncation set"
     PARAMS = (EPS, DELTA)
 
     def __init__(self, eps: float, delta: float | None = None) -> None:
@@ -161,6 +163,7 @@ def cascade_target(p: torch.Tensor, q: torch.Tensor, rule: str, alpha: float) ->
 class Cascade(ExactTargetRule):
     name = "cascade"
     family = "cascade"
+    taxonomy = "deferral"
     PARAMS = (CASCADE_RULE, ALPHA)
 
     def __init__(self, rule: str = "token_v3", alpha: float = 0.5) -> None:
