@@ -22,10 +22,11 @@ Induced probabilities with ``P(v) <= 1e-10·p(v)`` are set to exactly 0 first (:
 forms leave rounding residue (e.g. ``(1 − q(A))·p`` with ``q(A) = 1`` up to rounding) that would
 otherwise make ``kl`` infinite for a rule that leaks nothing.
 
-Sequence-level rules (``block``, ``hsd``) have no per-position law; their sequence law is ``p``,
+Lossless sequence-level rules (``block``, ``hsd``) have no per-position law; their sequence law is ``p``,
 so the distortion measures are 0, ``ceiling_ratio`` is 1 and ``acceptance``/``tokens_per_call``
 are NaN ("n/a" in summaries). :func:`recorded_block_efficiency` gives an exact replacement for the
-latter computed from recorded draft blocks.
+latter computed from recorded draft blocks. Lossy sequence-level rules (FLy, the HSD variants that are
+not lossless) and settings that read raw distributions are refused (:func:`check_measurable`).
 
 Compression error (measures on :class:`~verispec.diagnose.record.PositionRecorder` records)
 ==========================================================================================
@@ -207,6 +208,20 @@ def snap(P: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(P <= SNAP_RTOL * p, torch.zeros_like(P), P)
 
 
+def check_measurable(rule: Rule) -> None:
+    """Refuse rules whose distortion cannot be measured position by position on recorded ``(p, q)``:
+    lossy sequence-level rules (their law does not factor per position: exact laws come from
+    :mod:`verispec.rules.block_law` on toy models, accuracy from ``verispec bench``) and rules that
+    read raw (untruncated) distributions, which the records do not hold."""
+    if not rule.per_token and not rule.is_lossless:
+        raise ValueError(f"{rule.spec()}: a lossy sequence-level rule has no per-position law, so diagnose cannot "
+                         "measure its distortion on recorded positions; compare its accuracy with `verispec bench`, "
+                         "or compute its exact block law on toy models (verispec.rules.block_law)")
+    if getattr(rule, "needs_raw", False):
+        raise ValueError(f"{rule.spec()}: this setting reads the raw (temperature 1, untruncated) distributions, "
+                         "which recorded positions do not hold; use its on=processed setting in diagnose")
+
+
 def measure(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, *, gamma: int) -> dict[str, torch.Tensor]:
     """Every measure of ``rule`` at each position: ``p, q: [..., V]`` -> ``{name: [...]}`` (float64).
 
@@ -215,6 +230,7 @@ def measure(rule: Rule | str, p: torch.Tensor, q: torch.Tensor, *, gamma: int) -
     mass), which makes top-k/top-p rows cheap.
     """
     rule = rules_mod.get(rule)
+    check_measurable(rule)
     p, q = _prep(p, "target p"), _prep(q, "draft q")
     if not rule.per_token:
         return _sequence_level(p)

@@ -86,8 +86,10 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     from verispec.sampling import SamplingConfig
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
+    from verispec.diagnose.measures import check_measurable
+
     for spec in cfg.rules:
-        rule_registry.get(spec)
+        check_measurable(rule_registry.get(spec))
     if cfg.gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {cfg.gamma}")
     from verispec.models import is_ngram_draft

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,7 +41,7 @@ from verispec.engine.ngram import NgramDrafter
 from verispec.engine.sources import DraftSources
 from verispec.engine.stats import CallCosts, Stats
 from verispec.engine.tree import DraftProposal, TreeSpec, check_tree_rule
-from verispec.models.base import Backend, check_compatible, tokenizer_size
+from verispec.models.base import Backend, check_compatible, logits_device, tokenizer_size
 from verispec.rules import Rule
 from verispec.rules import get as get_rule
 from verispec.rules.base import sample_categorical
@@ -153,7 +153,9 @@ class _Decoding:
     def __init__(self, target: Backend, prompt_ids: Sequence[int], *, stats: Stats, max_new_tokens: int,
                  stop: Sequence[str], seed: int, gamma: int) -> None:
         self.ids = _check_prompt(target, prompt_ids, max_new_tokens)
-        self.gen = torch.Generator().manual_seed(seed)
+        # sampling and verification run where the target's logits are, with a generator there
+        self.device = logits_device(target)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.stats = stats
         self.out = _Output(target, stop, _budget(target, len(self.ids), max_new_tokens, gamma))
         self.t_start = 0.0
@@ -344,12 +346,13 @@ def generate(
         # 3. verify -> the accepted path and the next token z
         with stats.timing("rule_s"):
             p = sampling.process(target_logits[:, :width])
-            draft_tree = DraftTree(torch.tensor([proposal.tokens]), torch.tensor([proposal.parents]),
-                                   proposal.scheme)
+            draft_tree = DraftTree(torch.tensor([proposal.tokens], device=run.device),
+                                   torch.tensor([proposal.parents], device=run.device), proposal.scheme)
             q = None if proposal.scheme == "deterministic" else proposal.q[None]
             path_t, n_acc, nxt = verify_tree(rule, p[None], q, draft_tree, generator=run.gen)
-            n = int(n_acc[0])
-            path = path_t[0, :n].tolist()
+            # the only copy to the host per step: the accepted count, the path and the next token
+            n, z, *path = torch.cat([n_acc, nxt, path_t[0]]).tolist()
+            path = path[:n]
         stats.record_step(n, drafted)
         from_model = proposal.source == "model"
         if policy is not None and from_model:
@@ -357,12 +360,12 @@ def generate(
         if proposal.source == "lookup":
             stats.lookup_accepted += n
         if observer is not None and spec is None and from_model:
-            observer(p, proposal.q[:drafted], torch.tensor(proposal.tokens), n)
+            observer(p.cpu(), proposal.q[:drafted].cpu(), torch.tensor(proposal.tokens), n)
         if tree_observer is not None:
-            tree_observer(VerifiedStep(p, proposal, path, int(nxt[0])))
+            tree_observer(VerifiedStep(p.cpu(), _on_host(proposal), path, z))
 
         # 4. commit the path and z; every cache keeps the path and drops the rest of the tree
-        emitted = [proposal.tokens[i] for i in path] + [int(nxt[0])]
+        emitted = [proposal.tokens[i] for i in path] + [z]
         if out.extend(emitted):
             break
         target.commit_tree_path([0] + [i + 1 for i in path])
@@ -380,3 +383,8 @@ def generate(
     return result
 
 
+def _on_host(proposal: DraftProposal) -> DraftProposal:
+    """The proposal with its draft rows on the CPU (what observers read)."""
+    if proposal.q is None or proposal.q.device.type == "cpu":
+        return proposal
+    return replace(proposal, q=proposal.q.cpu())

@@ -202,8 +202,9 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     ``timing(name)`` is a :meth:`Stats.timing`-like context factory for ``draft_s`` / ``rule_s``."""
     timed = timing or (lambda name: _NoTimer())
     depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
+    device = generator.device       # the draft's rows are processed and sampled where verification runs
     with timed("draft_s"):
-        root_logits = draft.forward(pending, all_logits=False)[:, :width]
+        root_logits = draft.forward(pending, all_logits=False)[:, :width].to(device)
     forwards = 1
     with timed("rule_s"):
         q_root = sampling.process(root_logits)[0]
@@ -230,7 +231,7 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
                 break
             with timed("draft_s"):
                 logits = draft.forward_tree([tokens[i] for i in new], [in_draft[parents[i]] if parents[i] >= 0
-                                                                        else -1 for i in new])[:, :width]
+                                                                        else -1 for i in new])[:, :width].to(device)
             forwards += 1
             with timed("rule_s"):
                 probs = sampling.process(logits)
@@ -247,7 +248,7 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
 
     with timed("rule_s"):
         vocab = q_root.shape[-1]
-        uniform = torch.full((vocab,), 1.0 / vocab, dtype=q_root.dtype)
+        uniform = torch.full((vocab,), 1.0 / vocab, dtype=q_root.dtype, device=device)
         q = torch.stack([q_root] + [q_of.get(i, uniform) for i in range(len(tokens))])
     expanded = [i in q_of for i in range(len(tokens))]
     return DraftProposal(tokens, parents, q, spec.scheme, in_draft, forwards, expanded)
@@ -308,7 +309,7 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
         frontier = sorted(level, key=lambda i: -cand_score[i])[:k]
         with timed("draft_s"):
             parents = [cand_draft[cand_par[i]] if cand_par[i] >= 0 else -1 for i in frontier]
-            logits = draft.forward_tree([cand_tok[i] for i in frontier], parents)[:, :width]
+            logits = draft.forward_tree([cand_tok[i] for i in frontier], parents)[:, :width].to(root_logits.device)
         forwards += 1
         with timed("rule_s"):
             probs = sampling.process(logits)

@@ -5,9 +5,10 @@ Conventions (all backends):
 - Batch size is always 1 and there is exactly one sequence per backend; the backend owns its KV cache.
 - ``forward(tokens)`` appends ``tokens`` to the cache and returns logits of shape
   ``[len(tokens), vocab_size]`` (row ``i`` = next-token logits after ``tokens[i]``), or ``[1, vocab_size]``
-  (the last row only) with ``all_logits=False``. Logits are float32 CPU tensors (an HF model run in
-  float64 returns float64). The returned tensor is owned by the caller (never a view of a buffer the
-  backend will overwrite).
+  (the last row only) with ``all_logits=False``. Logits are float32 tensors (an HF model run in
+  float64 returns float64) on the backend's ``logits_device`` (optional attribute; CPU when absent, as
+  for llama.cpp; the output layer's device for transformers): the engine samples and verifies there.
+  The returned tensor is owned by the caller (never a view of a buffer the backend will overwrite).
 - ``rollback(length)`` truncates the cache to its first ``length`` tokens; the next ``forward``
   continues from position ``length``.
 - ``vocab_size`` is the logits width, which may exceed the tokenizer's size (padded lm_head rows);
@@ -95,6 +96,11 @@ class Backend(Protocol):
     def commit_tree_path(self, path: Sequence[int]) -> None:
         """Commit the root-down node ids ``path`` (``n_cached += len(path)``) and drop the rest of the tree."""
         ...
+
+
+def logits_device(backend) -> torch.device:
+    """Where ``backend`` returns its logits (CPU unless it says otherwise)."""
+    return torch.device(getattr(backend, "logits_device", "cpu"))
 
 
 def check_rollback_length(length: int, n_cached: int) -> None:

@@ -58,7 +58,14 @@ class HFBackend:
     when ``model_or_id`` is a string; stays None for a model object and ``tokenize`` raises).
 
     ``dtype``: torch dtype (or its name, e.g. ``"float64"``) to convert the model to; None keeps the
-    loaded dtype. Logits are returned as float32, or float64 when the model runs in float64.
+    loaded dtype. Logits are returned as float32, or float64 when the model runs in float64, on
+    :attr:`logits_device` (the device of the output layer): the engine samples and verifies there and
+    copies only token ids and counts to the host.
+
+    ``device_map``: placement of a model loaded by name over several devices (``"auto"``,
+    ``"balanced"`` or a dict as in transformers' ``from_pretrained``; needs ``accelerate``), for a
+    target too large for one GPU; ``device`` is then ignored: inputs go to the embedding layer's
+    device, logits come from the output layer's.
 
     ``capture_hidden``: layer indices as in ``output_hidden_states`` (0 = embedding output, ``L`` = the
     last layer's output after the final norm, negative from the end). Then :attr:`last_hidden` holds the
@@ -76,6 +83,7 @@ class HFBackend:
         dtype: torch.dtype | str | None = None,
         gguf_file: str | os.PathLike | None = None,
         capture_hidden: Sequence[int] | None = None,
+        device_map: str | dict | None = None,
     ) -> None:
         import transformers
 
@@ -93,20 +101,29 @@ class HFBackend:
             kw: dict[str, Any] = {}
             if gguf_file is not None:
                 kw["gguf_file"] = str(gguf_file)
-            model = transformers.AutoModelForCausalLM.from_pretrained(src, **kw)
+            placed = {"device_map": device_map} if device_map is not None else {}
+            if device_map is not None and dtype is not None:
+                placed["dtype"] = dtype      # convert while loading: a split model is not moved afterwards
+            model = transformers.AutoModelForCausalLM.from_pretrained(src, **kw, **placed)
             if tokenizer is None:
                 tokenizer = transformers.AutoTokenizer.from_pretrained(src, **kw)
             self.name = f"hf:{src}" + (f"/{gguf_file}" if gguf_file is not None else "")
         else:
+            if device_map is not None:
+                raise ValueError("device_map places a model while loading it: pass a hub id or a directory, "
+                                 "or place the model object yourself and leave device_map out")
             model = model_or_id
             cfg = getattr(model, "config", None)
             self.name = f"hf:{getattr(cfg, 'name_or_path', '') or type(model).__name__}"
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer))
 
-        if dtype is not None:
-            model = model.to(dtype=dtype)
-        model = model.to(self.device)
+        if device_map is None:
+            if dtype is not None:
+                model = model.to(dtype=dtype)
+            model = model.to(self.device)
+        else:   # inputs enter at the embedding layer's device
+            self.device = model.get_input_embeddings().weight.device
         model.eval()
         self.model = model
         self.tokenizer = tokenizer
@@ -116,6 +133,8 @@ class HFBackend:
         cfg = model.config
         out_emb = model.get_output_embeddings()
         self.vocab_size: int = int(out_emb.weight.shape[0]) if out_emb is not None else int(cfg.vocab_size)
+        #: where :meth:`forward` returns logits (the output layer's device; the last one of a split model)
+        self.logits_device: torch.device = out_emb.weight.device if out_emb is not None else self.device
         self.tokenizer_size: int = len(tokenizer) if tokenizer is not None else self.vocab_size
         self.context_length: int = int(
             getattr(cfg, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 4096)
@@ -296,7 +315,7 @@ class HFBackend:
         toks = check_forward_tokens(tokens, self._n, self.context_length, self.vocab_size)
         logits = self._run(toks, range(self._n, self._n + len(toks)), None, last_only=not all_logits)
         self._n += len(toks)
-        return logits.to(device="cpu", dtype=self._out_dtype).clone()
+        return logits.to(dtype=self._out_dtype).clone()
 
     @torch.inference_mode()
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -327,7 +346,7 @@ class HFBackend:
         self._t_parent = par
         self._t_depth = self._t_depth + depths
         self._t_chain = chain
-        return logits.to(device="cpu", dtype=self._out_dtype).clone()
+        return logits.to(dtype=self._out_dtype).clone()
 
     def commit_tree_path(self, path: Sequence[int]) -> None:
         """Keep the root-down node ids ``path`` as committed tokens and drop the rest of the open tree."""
