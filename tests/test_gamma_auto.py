@@ -203,3 +203,85 @@ def test_step_cost_counts_the_drafts_catch_up_and_the_rows():
     # target-only pays one row per token too: a step as costly as target-only's per token breaks even
     assert prof.speedup(3.0, 3 * prof.step_cost(0)) == pytest.approx(1.0)
     assert CostProfile.from_json(json.loads(json.dumps(prof.to_json()))) == prof
+
+
+# ------------------------------------------------------------------------------ per-token stop (draft_stop="auto")
+def _rate_after(pol: AutoGamma, confidences: list[float], h: int) -> float:
+    """Brute force: expected tokens per cost if the step drafts up to ``h`` tokens, the ones beyond the
+    drafted ``confidences`` counted with the mean acceptance α."""
+    acc = [pol.acceptance_at(c) for c in confidences] + [pol.alpha] * (h - len(confidences))
+    tokens, survive = 1.0, 1.0
+    for a in acc[:h]:
+        survive *= a
+        tokens += survive
+    return tokens / pol.profile.step_cost(h, pol.alpha)
+
+
+def test_keep_drafting_is_the_look_ahead_argmax_of_tokens_per_cost():
+    rng = np.random.default_rng(3)
+    for prof in (XEON, MIXED, CHEAP_DRAFT):
+        pol = AutoGamma(prof, by_confidence=True, prior_weight=2)
+        for _ in range(60):     # calibrate: confident tokens are accepted, unconfident ones are not
+            c = [float(x) for x in rng.uniform(0, 1, size=4)]
+            n = next((i for i, x in enumerate(c) if rng.uniform() > x), 4)
+            pol.update(n, 4, c)
+        for _ in range(100):
+            conf = [float(x) for x in rng.uniform(0, 1, size=int(rng.integers(1, 6)))]
+            k = len(conf)
+            want = k < pol.g_max and max(_rate_after(pol, conf, h) for h in range(k + 1, pol.g_max + 1)) > \
+                _rate_after(pol, conf, k)
+            assert pol.keep_drafting(conf) == want
+    assert pol.acceptance_at(0.95) > pol.alpha > pol.acceptance_at(0.05)
+
+
+def test_confidence_stop_drafts_on_when_sure_and_stops_when_not():
+    pol = AutoGamma(CHEAP_DRAFT, by_confidence=True)
+    for _ in range(50):
+        pol.update(4, 4, [0.95] * 4)           # confident drafts always accepted
+        pol.update(0, 4, [0.05, 0.9, 0.9, 0.9])  # unconfident ones rejected
+    assert pol.keep_drafting([0.95, 0.95]) and not pol.keep_drafting([0.95, 0.05, 0.05])
+    assert not pol.keep_drafting([0.95] * pol.g_max)     # never beyond γ_max
+    assert pol.next() == pol.g_max                       # the stop rule, not γ, ends the chain
+    amd = AutoGamma(AMD, by_confidence=True)
+    assert amd.next() == 0                               # drafting never pays there: plain steps
+
+
+@pytest.mark.slow
+def test_draft_stop_auto_keeps_lossless_exact():
+    """Chains cut token by token by the cost model: the law of the first 4 tokens is still the target's."""
+    target, draft = FakeLM(vocab=4, seed=1), FakeLM(vocab=4, seed=2)
+    prompt = [0, 1]
+    law = exact_prefix_law(target, prompt, 4, T1)
+    lengths: set[int] = set()
+
+    def run(seed):
+        res = generate(target, draft, prompt, rule="lossless", sampling=T1, gamma=4, max_new_tokens=4, seed=seed,
+                       costs=MIXED, draft_stop="auto")
+        lengths.update(g for g, k in enumerate(res.stats.gamma_hist) if k)
+        return res
+
+    assert_law(sample_prefixes(run, 6000, 4), law)
+    assert len(lengths - {0}) >= 2, lengths     # the chains really had different lengths
+
+
+def test_draft_stop_auto_in_the_engine():
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+    ref = generate_target_only(target, [1, 2], sampling=GREEDY, max_new_tokens=30)
+    for gamma in (4, "auto"):
+        out = generate(target, draft, [1, 2], rule="lossless", sampling=GREEDY, gamma=gamma, max_new_tokens=30,
+                       costs=CHEAP_DRAFT, draft_stop="auto")
+        assert out.tokens == ref.tokens
+        assert out.stats.gamma_policy == ("fixed+stop" if gamma == 4 else "auto+stop")
+    sampled = generate(target, draft, [1, 2], rule="lossless", sampling=T1, gamma=5, max_new_tokens=60,
+                       costs=MIXED, draft_stop="auto")
+    assert sum(sampled.stats.gamma_hist[1:5]) > 0          # some chains stopped before γ = 5
+    with pytest.raises(ValueError, match="cost profile"):
+        generate(target, draft, [1], rule="lossless", sampling=T1, gamma=3, max_new_tokens=3, draft_stop="auto")
+    with pytest.raises(ValueError, match="does not apply to trees"):
+        generate(target, draft, [1], rule="lossless", sampling=T1, tree="2,1", max_new_tokens=3, costs=MIXED,
+                 draft_stop="auto")
+    with pytest.raises(ValueError, match="most a step drafts"):
+        generate(target, draft, [1], rule="lossless", sampling=T1, gamma=40, max_new_tokens=3, costs=MIXED,
+                 draft_stop="auto")
+    with pytest.raises(ValueError, match="'auto'"):
+        generate(target, draft, [1], rule="lossless", sampling=T1, gamma=3, max_new_tokens=3, draft_stop="soon")

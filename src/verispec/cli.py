@@ -27,6 +27,18 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _draft_stop(text: str) -> float | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--draft-stop takes a probability in [0, 1) or auto, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"--draft-stop takes a probability in [0, 1) or auto, got {text!r}")
+    return value
+
+
 def cmd_rules(args) -> int:
     import verispec.rules as R
 
@@ -182,8 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON record")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip measuring per-call costs for the cost-model speedup")
-    p.add_argument("--draft-stop", type=float, default=0.0,
-                   help="stop drafting at a token the draft gave probability below this (0: never)")
+    p.add_argument("--draft-stop", type=_draft_stop, default=0.0,
+                   help="stop drafting at a token the draft gave probability below this (0: never), or auto: "
+                   "the cost model decides token by token whether one more draft token pays")
     p.add_argument("--draft-head", default=None,
                    help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
                    "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")

@@ -15,6 +15,16 @@ since such a step teaches nothing about α, every ``explore_every``-th consecuti
 one token instead -- unless drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)``
 for every ``g``: the draft is too slow for its target on this machine), where every step is plain.
 
+**Per token** (``by_confidence=True``, ``--draft-stop auto``): within a step the draft keeps drafting
+while the cost model says one more token pays, given the draft's own probabilities of the tokens it
+drafted so far. ``a(c)``, the chance that a drafted token with draft probability ``c`` is accepted
+(its predecessors accepted), is estimated per bin of ``c`` from this generation's verified positions
+(shrunk towards ``α``). After ``k`` tokens with probabilities ``c_1..c_k``, all ``k`` survive with
+``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i`` tokens at ``cost(k)``. Drafting goes
+on iff some ``h`` in ``k+1 .. g_max`` has ``(T_k + S_k·(α + … + α^{h−k})) / cost(h) > T_k / cost(k)``
+(the tokens not yet drafted count with the mean ``α``): the full look-ahead, since ``v(g)`` need not be
+convex. The decision reads the draft alone, like ``--draft-stop P``.
+
 The choice depends only on past steps, never on the tokens it is about to verify, so a lossless
 rule stays exactly lossless (each verification is exact whatever ``g`` was chosen).  A lossy rule's
 output law depends on ``γ`` (where blocks end, bonus tokens are drawn from the target), as it does
@@ -52,11 +62,17 @@ class AutoGamma:
     prior_alpha: float = 0.7
     prior_weight: float = 4.0
     explore_every: int = 8
+    by_confidence: bool = False
+    #: with ``by_confidence``: every step drafts up to this many tokens instead of the cost model's γ
+    fixed: int | None = None
     accepted: int = 0
     verified: int = 0
     plain_run: int = 0
     chosen: list[int] = field(default_factory=list)
     can_pay: bool = field(init=False, default=True)
+    #: per bin of the draft's probability of its token: accepted and verified positions
+    bin_accepted: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
+    bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.prior_alpha < 1.0:
@@ -74,8 +90,14 @@ class AutoGamma:
         return (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
 
     def next(self) -> int:
-        """Draft length for the next step (0: a plain target step)."""
+        """Draft length for the next step (0: a plain target step); with ``by_confidence`` the most the
+        step may draft (:meth:`keep_drafting` stops it earlier)."""
+        if self.fixed is not None:
+            self.chosen.append(self.fixed)
+            return self.fixed
         g = best_gamma(self.profile, self.alpha, self.g_max)
+        if self.by_confidence and g > 0:
+            g = self.g_max
         if g == 0:
             self.plain_run += 1
             if self.can_pay and self.plain_run >= self.explore_every:
@@ -85,8 +107,49 @@ class AutoGamma:
         self.chosen.append(g)
         return g
 
-    def update(self, n_accepted: int, g: int) -> None:
+    def update(self, n_accepted: int, g: int, confidences: list[float] | None = None) -> None:
         """Record a verified step: ``n_accepted`` of ``g`` drafts accepted (positions verified: the
-        accepted ones and the first rejected one, if any)."""
+        accepted ones and the first rejected one, if any); ``confidences``: the draft's probability of
+        each drafted token, for :meth:`acceptance_at`."""
         self.accepted += n_accepted
         self.verified += min(n_accepted + 1, g)
+        for i, c in enumerate((confidences or [])[: min(n_accepted + 1, g)]):
+            b = _bin(c)
+            self.bin_verified[b] += 1
+            self.bin_accepted[b] += i < n_accepted
+
+    def acceptance_at(self, confidence: float) -> float:
+        """Estimated acceptance of a drafted token the draft gave probability ``confidence``."""
+        b = _bin(confidence)
+        return (self.bin_accepted[b] + self.alpha * self.prior_weight) / (self.bin_verified[b] + self.prior_weight)
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """Whether to draft one more token after drafting tokens of these draft probabilities (see the
+        module docstring); never beyond ``g_max`` (or ``fixed``)."""
+        k = len(confidences)
+        top = self.fixed if self.fixed is not None else self.g_max
+        if k >= top:
+            return False
+        if not self.by_confidence:
+            return True
+        survive, tokens = 1.0, 1.0
+        for c in confidences:
+            survive *= self.acceptance_at(c)
+            tokens += survive
+        alpha = self.alpha
+        now = tokens / self.profile.step_cost(k, alpha)
+        more, extra = tokens, survive
+        for h in range(k + 1, top + 1):
+            extra *= alpha
+            more += extra
+            if more / self.profile.step_cost(h, alpha) > now:
+                return True
+        return False
+
+
+#: bins of the draft's probability of its token, for the per-token stop rule
+CONFIDENCE_BINS = 10
+
+
+def _bin(confidence: float) -> int:
+    return min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))

@@ -227,7 +227,7 @@ def generate(
     tree_observer: TreeObserver | None = None,
     lookup: NgramDrafter | None = None,
     head=None,
-    draft_stop: float = 0.0,
+    draft_stop: float | str = 0.0,
 ) -> GenerationResult:
     """Speculative decoding of ``prompt_ids`` with ``rule`` on chains or trees; see the module docstring.
 
@@ -254,7 +254,11 @@ def generate(
     chain (expanding a tree node) at a token it gave probability below this (as transformers'
     ``assistant_confidence_threshold``; static trees and chains of the draft model only: dynamic trees,
     heads and lookup rank their candidates otherwise); ``stats.gamma_hist`` counts the lengths
-    actually drafted. With a tree or a head, ``gamma`` is their depth.
+    actually drafted. ``draft_stop="auto"``: the cost model decides token by token whether drafting
+    one more pays, from the draft's probabilities of the tokens drafted so far and the acceptance seen
+    at such probabilities (:meth:`AutoGamma.keep_drafting`; needs ``costs`` as a :class:`CostProfile`;
+    chains of the draft model; ``gamma`` is then the most a step drafts, or with ``"auto"`` the cost
+    model's γ_max). With a tree or a head, ``gamma`` is their depth.
     """
     policy = gamma if isinstance(gamma, AutoGamma) else None
     if (tree is not None or head is not None) and (policy is not None or gamma == "auto"):
@@ -274,13 +278,27 @@ def generate(
     if draft is None and (policy is not None or gamma == "auto"):
         raise ValueError("gamma='auto' weighs the draft model's cost; prompt lookup alone or a head needs a "
                          "fixed gamma")
+    stop_auto = draft_stop == "auto"
+    if stop_auto:
+        if spec is not None or head is not None or draft is None:
+            raise ValueError("draft_stop='auto' decides where the draft model's chain ends: it does not apply to "
+                             "trees, heads or prompt lookup alone")
+        if not isinstance(costs, CostProfile):
+            raise ValueError("draft_stop='auto' needs the machine's cost profile: pass costs=CostProfile "
+                             "(verispec.engine.cached_profile or measure_profile)")
+        if policy is None and gamma != "auto":
+            if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= costs.g_max:
+                raise ValueError(f"with draft_stop='auto', gamma is the most a step drafts: an integer in "
+                                 f"1..{costs.g_max} (the cost profile's range) or 'auto', got {gamma!r}")
+            policy = AutoGamma(costs, by_confidence=True, fixed=gamma)
+        draft_stop = 0.0
     if gamma == "auto":
         if not isinstance(costs, CostProfile):
             raise ValueError("gamma='auto' needs the machine's cost profile: pass costs=CostProfile "
                              "(verispec.engine.cached_profile or measure_profile)")
-        policy = AutoGamma(costs)
+        policy = AutoGamma(costs, by_confidence=stop_auto)
     if policy is not None:
-        gamma = policy.g_max
+        gamma = policy.fixed or policy.g_max
     elif spec is not None or head is not None:
         gamma = spec.depth if spec is not None else head.depth
     elif isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
@@ -299,17 +317,19 @@ def generate(
     if lookup is not None:
         check_tree_rule(rule, TreeSpec("static", "deterministic", (1,) * gamma))
     run = _Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
-                                                    gamma_policy="auto" if policy else "fixed", tree=spec_text),
+                                                    gamma_policy=_policy_label(policy), tree=spec_text),
                     max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
     stats, out, ids = run.stats, run.out, run.ids
     if draft is not None:
         _check_prompt(draft, ids, max_new_tokens)
     width = vocab_width or (check_compatible(target, draft) if draft is not None
                             else min(target.vocab_size, tokenizer_size(target)))
-    if not 0.0 <= draft_stop < 1.0:
-        raise ValueError(f"draft_stop is a draft probability in [0, 1), got {draft_stop!r}")
+    if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) or not 0.0 <= draft_stop < 1.0:
+        raise ValueError(f"draft_stop is a draft probability in [0, 1) or 'auto', got {draft_stop!r}")
+    by_confidence = policy is not None and policy.by_confidence
     sources = DraftSources(target, draft, lookup=lookup, head=head, spec=spec, sampling=sampling, width=width,
-                           generator=run.gen, stats=stats, stop_below=draft_stop)
+                           generator=run.gen, stats=stats, stop_below=draft_stop,
+                           keep_drafting=policy.keep_drafting if by_confidence else None)
 
     target.reset()
     with stats.timing("prefill_s"):
@@ -356,7 +376,11 @@ def generate(
         stats.record_step(n, drafted)
         from_model = proposal.source == "model"
         if policy is not None and from_model:
-            policy.update(n, drafted)
+            confidences = None
+            if by_confidence:       # the draft's probability of each drafted token (row i drafted token i)
+                rows = torch.arange(drafted, device=proposal.q.device)
+                confidences = proposal.q[rows, torch.tensor(proposal.tokens, device=rows.device)].tolist()
+            policy.update(n, drafted, confidences)
         if proposal.source == "lookup":
             stats.lookup_accepted += n
         if observer is not None and spec is None and from_model:
@@ -381,6 +405,13 @@ def generate(
     elif costs is not None and chains_only:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
+
+
+def _policy_label(policy: AutoGamma | None) -> str:
+    if policy is None:
+        return "fixed"
+    base = "fixed" if policy.fixed is not None else "auto"
+    return base + "+stop" if policy.by_confidence else base
 
 
 def _on_host(proposal: DraftProposal) -> DraftProposal:

@@ -32,9 +32,9 @@ class DraftSources:
 
     def __init__(self, target: Backend, draft: Backend | None, *, lookup: NgramDrafter | None, head,
                  spec: TreeSpec | None, sampling: SamplingConfig, width: int, generator: torch.Generator,
-                 stats: Stats, stop_below: float = 0.0) -> None:
+                 stats: Stats, stop_below: float = 0.0, keep_drafting=None) -> None:
         self.target, self.draft, self.lookup, self.head = target, draft, lookup, head
-        self.stop_below = stop_below
+        self.stop_below, self.keep_drafting = stop_below, keep_drafting
         self.spec, self.sampling, self.width, self.gen, self.stats = spec, sampling, width, generator, stats
         self.pending: list[int] = []
 
@@ -76,7 +76,8 @@ class DraftSources:
         if self.draft is None:
             return None
         proposal = grow_tree(self.draft, self.pending, self.spec or TreeSpec.chain(g), self.sampling, self.width,
-                             self.gen, max_depth=g, timing=self.stats.timing, stop_below=self.stop_below)
+                             self.gen, max_depth=g, timing=self.stats.timing, stop_below=self.stop_below,
+                             keep_drafting=self.keep_drafting)
         self.stats.draft_calls += proposal.draft_forwards
         return proposal
 

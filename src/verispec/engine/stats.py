@@ -54,7 +54,7 @@ class Stats:
     wall_s: float = 0.0             # whole generation after the prefill
     stop_reason: str = ""           # "eos", "stop", "length"
     cost_model_speedup: float | None = None
-    gamma_policy: str = ""          # "fixed" or "auto" for SD ("" for target-only)
+    gamma_policy: str = ""          # "fixed" or "auto" for SD, "+stop" with draft_stop="auto" ("": target-only)
     gamma_hist: list[int] = field(default_factory=list)  # index g: steps that drafted g tokens (0: plain)
     tree: str = ""                  # tree spec ("" for chains); accepted_hist then counts path lengths
     tree_nodes: int = 0             # draft nodes verified, over all target calls

@@ -193,12 +193,14 @@ def lookup_proposal(tokens: list[int]) -> DraftProposal:
 
 def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
               generator: torch.Generator, max_depth: int | None = None, timing=None,
-              stop_below: float = 0.0) -> DraftProposal:
+              stop_below: float = 0.0, keep_drafting=None) -> DraftProposal:
     """Feed ``pending`` (committed tokens the draft has not seen; the last one is the root) and grow
     the tree ``spec`` below it, at most ``max_depth`` deep. One draft forward per depth that has
     nodes to expand (all of them at once). ``stop_below`` (static trees, chains included): a node
     whose token had draft probability below it is not expanded, so a chain stops drafting at the
     first unconfident token (the decision reads the draft alone, so lossless rules stay exact).
+    ``keep_drafting(confidences) -> bool`` (chains only): called with the draft's probabilities of the
+    tokens drafted so far, whether to draft another (:meth:`AutoGamma.keep_drafting`).
     ``timing(name)`` is a :meth:`Stats.timing`-like context factory for ``draft_s`` / ``rule_s``."""
     timed = timing or (lambda name: _NoTimer())
     depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
@@ -215,6 +217,9 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     logits_of: dict[int, torch.Tensor] = {-1: root_logits[0]}
     draft_ids = 0
 
+    if keep_drafting is not None and not spec.is_chain:
+        raise ValueError("a per-token stop rule decides the length of a chain; it does not apply to a tree")
+    confidences: list[float] = []
     if spec.kind == "static":
         frontier = [-1]
         for d in range(depth):
@@ -225,7 +230,9 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
                         tokens.append(tok)
                         parents.append(node)
                         in_draft.append(-1)
-                        if float(q_of[node][tok]) >= stop_below:
+                        confidence = float(q_of[node][tok])
+                        confidences.append(confidence)
+                        if confidence >= stop_below and (keep_drafting is None or keep_drafting(confidences)):
                             new.append(len(tokens) - 1)
             if d == depth - 1 or not new:
                 break
