@@ -57,7 +57,10 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def median_ms(fn, repeats: int, device: torch.device = torch.device("cpu")) -> float:
+CPU = torch.device("cpu")
+
+
+def median_ms(fn, repeats: int, device: torch.device = CPU) -> float:
     fn()
     _sync(device)
     times = []
