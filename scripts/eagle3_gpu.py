@@ -28,10 +28,11 @@ H200; must finish in < 10 minutes): loading 16 GB of fp16 weights from local dis
 round costs one head pass over the new committed tokens plus ``depth - 1`` head passes over 10 tree entries
 (~2-3 ms each, launch-bound), one eager target forward over 61 tokens (~25-40 ms, 32 layers), and
 sampling/verification of 61 rows of 128k logits on the GPU, where the logits are (~1-3 ms): ~30-50 ms.
-EAGLE-3 accepts ~4-6 tokens per round at T = 0.7 on chat prompts (lossy rules more), so 8 prompts x 256 tokens = 2,048 tokens
-take ~25-45 s per rule; three rules plus two target-only baseline prompts (~8 s each) fit in ~3-4 minutes,
-with room for a poor acceptance (2 tokens/round doubles it). ``--max-seconds`` (default 540) stops starting
-new prompts when the budget is spent and says so, so a slow machine still reports partial numbers.
+EAGLE-3 accepts ~4-6 tokens per round at T = 0.7 on chat prompts (lossy rules more), so 8 prompts x 256
+tokens = 2,048 tokens take ~15-30 s per rule; three rules plus two target-only baseline prompts (~8 s
+each) fit in ~2-3 minutes, with room for a poor acceptance (2 tokens/round doubles it).
+``--max-seconds`` (default 540) stops starting new prompts when the budget is spent and says so, so a
+slow machine still reports partial numbers.
 """
 
 from __future__ import annotations

@@ -196,6 +196,35 @@ def test_deterministic_lossless_and_greedy_laws_are_their_references():
             torch.testing.assert_close(law, R.get("greedy").reference(p))
 
 
+@pytest.mark.parametrize("spec", ["cos_we:lam=1", "cos_cd:mu=0", "ceiling:kappa=1", "sglang:single=1,acc=1",
+                                  "strict", "lenience:ell=1"])
+def test_lossless_settings_allowed_on_deterministic_trees_emit_p(spec):
+    """Lossless settings that accept a point-mass candidate c with g(c) keep the law p on deterministic trees."""
+    from verispec.rules.tree import check_tree_rule
+
+    check_tree_rule(R.get(spec), "deterministic", max_branching=3)
+    for p, q in CASES.values():
+        for cands in _candidate_lists(p, q).values():
+            law, _ = tree_node_law(R.get(spec), p, torch.tensor(cands))
+            torch.testing.assert_close(law, p, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("spec", ["fuzzy:T=0", "kl_judge:tau=0,reject=p"])
+def test_lossless_settings_that_reject_point_masses_are_refused_on_deterministic_trees(spec):
+    """A divergence gate at 0 never passes a point mass (D(g, δ_c) > 0): its deterministic-tree law
+    is not p, so it is refused there (and allowed on sampled trees, where it is lossless)."""
+    from verispec.rules.tree import check_tree_rule
+
+    rule = R.get(spec)
+    assert rule.is_lossless
+    g = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    point_mass = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    assert float(rule.accept_prob_at(g, point_mass, torch.tensor([0]))[0]) == 0.0   # why it is refused
+    with pytest.raises(ValueError, match="no deterministic-tree form"):
+        check_tree_rule(rule, "deterministic", max_branching=2)
+    check_tree_rule(rule, "iid", max_branching=2)
+
+
 # --- 2. lossless sampled schemes --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("scheme", ["iid", "without_replacement"])

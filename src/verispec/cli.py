@@ -40,10 +40,9 @@ def _draft_stop(text: str) -> float | str:
 
 
 def cmd_rules(args) -> int:
-    import verispec.rules as R
+    from verispec.rules.catalogue import catalogue_text
 
-    print("Rule specs (name:param=value,...):")
-    print(R.help_text())
+    print(catalogue_text())
     return 0
 
 

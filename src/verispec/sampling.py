@@ -25,6 +25,20 @@ have probability exactly 0 and every row keeps at least one token (``min_tokens_
   :func:`verispec.sets.epsilon_mask`, evaluated on the softmax of the current (already masked) logits,
   so that the warpers and the truncation verification rules share one definition.
 
+Post-truncation pass
+--------------------
+The fields ``post_prob_gap``, ``post_top_k``, ``post_top_p``, ``post_min_p``, ``post_eta`` (with
+``post_eta_delta``) and ``post_epsilon`` — all off by default, and then absent from :meth:`~SamplingConfig.spec`,
+so existing configs keep their text and run ids — truncate the *processed* probabilities once more,
+after the whole pipeline: ``p ← p_A``, the renormalised restriction of ``p`` to
+:func:`verispec.sets.truncation_mask` (steps in the order prob-gap -> top-k -> top-p -> min-p -> η -> ε,
+each on the renormalised survivors of the previous ones). It exists to sample the true baseline of a
+truncation verification rule, whose allowed set is computed on the processed ``p``: ``top_k=5`` in the
+pipeline proper runs before top-p / min-p and on the tempered logits, and is not the same as the 5 most
+probable tokens of the processed ``p`` (``post_top_k=5``); ``prob_gap`` (keep ``p >= max p − gap``, the
+condition of TensorRT-LLM's relaxed acceptance) has no warper. Greedy rows are one-hot and pass
+unchanged. :meth:`~SamplingConfig.with_truncation` chooses between the ordinary fields and this pass.
+
 Deliberate differences from Hugging Face (``min_tokens_to_keep = 1``)
 ---------------------------------------------------------------------
 * top-p keeps the whole tie group at the boundary; HF's result there depends on ``torch.sort``'s
@@ -76,7 +90,9 @@ import torch
 from . import topk
 from .checks import check_finite_logits
 from .params import Param, in_range, parse_settings
-from .sets import epsilon_mask, eta_mask, min_p_mask
+from .sets import TOP_P_WINDOW as _TOP_P_WINDOW  # noqa: F401  (read by the tests)
+from .sets import TRUNCATION_OFF, TRUNCATION_STEPS, epsilon_mask, eta_mask, min_p_mask, truncation_mask
+from .sets import top_p_threshold as _top_p_threshold
 
 __all__ = [
     "SamplingConfig",
@@ -89,9 +105,6 @@ __all__ = [
 ]
 
 _NEG_INF = float("-inf")
-
-#: First window of the top-p search (grown ×4 until the mass threshold is inside the window).
-_TOP_P_WINDOW = 64
 
 
 # --------------------------------------------------------------------------------------------------
@@ -121,8 +134,26 @@ CONFIG_PARAMS = (
           nullable=True),
     Param("epsilon", float, in_range(0, 1, hi_open=True), "a finite number in [0, 1) (0 = off)", default=0.0,
           aliases=("eps", "epsilon_cutoff")),
+    # the post-truncation pass (see the module docstring), in its order of application
+    Param("post_prob_gap", float, in_range(0, 1), "a finite number in [0, 1] (1 = off)", default=1.0),
+    Param("post_top_k", int, _nonneg, "an integer >= 0 (0 = off)", default=0),
+    Param("post_top_p", float, in_range(0, 1, lo_open=True), "a finite number in (0, 1] (1 = off)", default=1.0),
+    Param("post_min_p", float, in_range(0, 1), "a finite number in [0, 1] (0 = off)", default=0.0),
+    Param("post_eta", float, in_range(0, 1, hi_open=True), "a finite number in [0, 1) (0 = off)", default=0.0),
+    Param("post_eta_delta", float, _positive, "a finite number > 0 or None (= sqrt(post_eta))", default=None,
+          nullable=True),
+    Param("post_epsilon", float, in_range(0, 1, hi_open=True), "a finite number in [0, 1) (0 = off)", default=0.0),
 )
 _CONFIG = {p.name: p for p in CONFIG_PARAMS}
+
+#: Prefix of the fields of the post-truncation pass.
+POST = "post_"
+#: The settings of a truncation applied to processed probabilities (:func:`verispec.sets.truncation_mask`);
+#: each is the field ``post_<name>`` of :class:`SamplingConfig`, with the same valid values.
+TRUNCATION_SETTINGS = ("prob_gap", "top_k", "top_p", "min_p", "eta", "eta_delta", "epsilon")
+#: The truncation settings that are also the last warpers of the pipeline proper, in its order: a
+#: truncation made of these alone can be written into the ordinary fields when nothing runs after them.
+_TAIL_STEPS = ("min_p", "eta", "epsilon")
 
 #: The parameters of the warper objects, each switched on (so the "off" values are refused).
 _TEMPERATURE = Param("temperature", float, _nonneg, "a finite number >= 0 (0 = greedy)")
@@ -159,32 +190,6 @@ def _check_row_max(x: torch.Tensor, row_max: torch.Tensor, name: str = "logits")
 
 def _remove(x: torch.Tensor, drop: torch.Tensor, inplace: bool) -> torch.Tensor:
     return x.masked_fill_(drop, _NEG_INF) if inplace else x.masked_fill(drop, _NEG_INF)
-
-
-def _top_p_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Smallest kept probability of top-p on ``probs [..., N]`` -> ``[..., 1]``.
-
-    Looks at the ``k`` most probable tokens only, growing ``k`` until every row's boundary falls
-    inside the window; a full sort happens only when the nucleus is a sizeable part of the row.
-    """
-    N = probs.shape[-1]
-    k = min(N, _TOP_P_WINDOW)
-    while True:
-        if k == N:
-            vals = torch.sort(probs, dim=-1, descending=True).values
-        else:
-            vals = topk.topk_values(probs, k)  # [..., k], descending
-        cum = torch.cumsum(vals, dim=-1, dtype=torch.float64)
-        above = torch.nn.functional.pad(cum[..., :-1], (1, 0))  # mass ranked strictly above
-        # kept positions form a prefix (``above`` is non-decreasing); position 0 is always kept
-        n_kept = ((above < top_p) & (vals > 0)).sum(-1, keepdim=True)
-        if k == N or bool((n_kept < k).all()):
-            return vals.gather(-1, n_kept.clamp_(min=1) - 1)
-        # every token outside the window has p <= vals[k-1]: at least this many more are needed
-        short = (top_p - cum[..., -1]).clamp_(min=0.0)
-        missing = (short / vals[..., -1].double().clamp(min=1e-300)).max().item()
-        k_next = max(4 * k, k + int(min(missing, N)) + 1)
-        k = N if k_next > N // 4 else k_next
 
 
 # --------------------------------------------------------------------------------------------------
@@ -348,7 +353,9 @@ class SamplingConfig:
 
     Fields and valid values: ``temperature >= 0`` (0 = greedy, 1 = off), ``top_k >= 0`` (0 = off),
     ``top_p`` in ``(0, 1]`` (1 = off), ``min_p`` in ``[0, 1]`` (0 = off), ``eta`` in ``[0, 1)`` (0 = off),
-    ``eta_delta > 0`` or ``None`` (= ``√eta``), ``epsilon`` in ``[0, 1)`` (0 = off).
+    ``eta_delta > 0`` or ``None`` (= ``√eta``), ``epsilon`` in ``[0, 1)`` (0 = off); the post-truncation
+    pass ``post_prob_gap`` in ``[0, 1]`` (1 = off) and ``post_top_k`` … ``post_epsilon`` with the valid
+    values of their namesakes, all off by default.
     """
 
     temperature: float = 1.0
@@ -358,6 +365,13 @@ class SamplingConfig:
     eta: float = 0.0
     eta_delta: float | None = None
     epsilon: float = 0.0
+    post_prob_gap: float = 1.0
+    post_top_k: int = 0
+    post_top_p: float = 1.0
+    post_min_p: float = 0.0
+    post_eta: float = 0.0
+    post_eta_delta: float | None = None
+    post_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         for param in CONFIG_PARAMS:
@@ -371,7 +385,9 @@ class SamplingConfig:
 
         Keys: ``temperature`` (aliases ``t``, ``temp``), ``top_k`` (``k``, ``topk``), ``top_p``
         (``p``, ``topp``), ``min_p`` (``minp``), ``eta`` (``eta_cutoff``), ``eta_delta`` (``delta``;
-        value ``none`` allowed), ``epsilon`` (``eps``, ``epsilon_cutoff``); ``-`` may replace ``_``.
+        value ``none`` allowed), ``epsilon`` (``eps``, ``epsilon_cutoff``), and the post-truncation pass
+        ``post_prob_gap``, ``post_top_k``, ``post_top_p``, ``post_min_p``, ``post_eta``,
+        ``post_eta_delta``, ``post_epsilon``; ``-`` may replace ``_``.
         The bare word ``greedy`` means ``temperature=0``; ``""`` is the default config.
         """
         if not isinstance(text, str):
@@ -398,10 +414,66 @@ class SamplingConfig:
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def with_truncation(self, *, min_p=None, eta=None, eta_delta=None) -> "SamplingConfig":
-        """A copy with the given truncation fields set; ``None`` leaves a field unchanged."""
-        changes = {k: v for k, v in (("min_p", min_p), ("eta", eta), ("eta_delta", eta_delta)) if v is not None}
-        return replace(self, **changes)
+    def with_truncation(self, **fields) -> "SamplingConfig":
+        """This config followed by a truncation of its processed probabilities (a rule's true baseline).
+
+        ``fields``: the keys of :meth:`verispec.rules.base.Rule.baseline_truncation` — ``min_p``,
+        ``eta``, ``eta_delta``, ``epsilon`` and the ``post_*`` fields; ``None`` (or the off value)
+        requests nothing, ``eta_delta`` is the δ of the requested η step (``None``: ``√eta``). The
+        result samples ``p_A``, ``p`` (this config's law) restricted to the set of
+        :func:`verispec.sets.truncation_mask` with these settings and renormalised. Ordinary fields
+        are written in place when that is exactly this (the requested steps are off here and no
+        active min-p / η / ε / post step of this config would run after them: the usual case, e.g.
+        ``temperature=0.7,top_k=20`` + ``min_p=0.3``); otherwise, and for ``post_*`` requests, the
+        truncation goes to the post-truncation pass. A config whose post pass is already in use
+        cannot take a second one (``ValueError``).
+        """
+        post_names = {POST + k for k in TRUNCATION_SETTINGS}
+        unknown = sorted(set(fields) - post_names - set(_TAIL_STEPS) - {"eta_delta"})
+        if unknown:
+            raise TypeError(f"with_truncation: unknown field(s) {', '.join(unknown)}; valid fields: "
+                            f"{', '.join(_TAIL_STEPS)}, eta_delta, {', '.join(POST + k for k in TRUNCATION_SETTINGS)}")
+        requested: dict[str, object] = {}
+        for key, value in fields.items():
+            if value is None:
+                continue
+            name = key[len(POST):] if key.startswith(POST) else key
+            if name in requested:
+                raise ValueError(f"with_truncation: {name} requested twice ({name} and {POST + name})")
+            requested[name] = _CONFIG[key].check("sampling", value)
+        if "eta_delta" in requested and requested.get("eta", 0.0) == 0.0:
+            raise ValueError("with_truncation: eta_delta is the δ of the requested η step; request eta too")
+        steps = [s for s in TRUNCATION_STEPS if s in requested and requested[s] != TRUNCATION_OFF[s]]
+        if not steps:
+            return self
+        truncation = {s: requested[s] for s in steps}
+        if "eta" in truncation:
+            truncation["eta_delta"] = requested.get("eta_delta")
+        via_post = any(k.startswith(POST) for k, v in fields.items() if v is not None)
+        if not via_post and self._tail_is_free(steps):
+            return replace(self, **truncation)
+        if self.post_truncation:
+            raise ValueError(
+                f"sampling config {self} already truncates after its pipeline "
+                f"({', '.join(f'{k}={v}' for k, v in self.post_truncation.items())}); it cannot take a second "
+                f"post-truncation ({', '.join(f'{k}={v}' for k, v in truncation.items())})")
+        return replace(self, **{POST + k: v for k, v in truncation.items()})
+
+    def _tail_is_free(self, steps: list[str]) -> bool:
+        """Whether the steps (a subset of min-p / η / ε) can be written into the ordinary fields exactly."""
+        if not set(steps) <= set(_TAIL_STEPS) or self.post_truncation:
+            return False
+        first = min(_TAIL_STEPS.index(s) for s in steps)
+        return all(getattr(self, s) == TRUNCATION_OFF[s] for s in _TAIL_STEPS[first:])
+
+    @cached_property
+    def post_truncation(self) -> dict:
+        """The active settings of the post-truncation pass, as :func:`verispec.sets.truncation_mask`
+        keywords (``{}``: no post pass)."""
+        out = {s: getattr(self, POST + s) for s in TRUNCATION_STEPS if getattr(self, POST + s) != TRUNCATION_OFF[s]}
+        if "eta" in out and self.post_eta_delta is not None:
+            out["eta_delta"] = self.post_eta_delta
+        return out
 
     def warpers(self) -> list:
         """The active warpers, in application order (greedy: just ``Temperature(0.0)``)."""
@@ -458,6 +530,11 @@ class SamplingConfig:
         for w in self._post_topk:
             vals = w._apply(vals, inplace=owned)
             owned = True
+        if self.post_truncation:
+            # on the compact set when there is one: the tokens outside it have probability 0, which no
+            # truncation step keeps or counts
+            keep = truncation_mask(torch.softmax(vals, dim=-1), **self.post_truncation)
+            vals = vals.masked_fill(~keep, _NEG_INF)
         return _Out(shape, vals, idx)
 
     def process_logits(self, logits: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,14 @@ from verispec.params import Param, parse_settings
 from verispec.rules.base import ExactTargetRule, InducedForm, PerTokenRule, Rule
 from verispec.rules.block import BlockVerification
 from verispec.rules.collaborative import CeilingOnEnsemble, CosCD, CosWE, Lenience, make_ceiling
+from verispec.rules.divergence import Fuzzy, KLJudge
+from verispec.rules.fly import FLy
 from verispec.rules.hsd import HSD
+from verispec.rules.hsd_variants import HSDMinCap, HSDNoCap, HSDUncappedFinal
+from verispec.rules.judge import JudgeRule, registered_judge
 from verispec.rules.lossless import Greedy, Lossless
-from verispec.rules.truncation import Cascade, SpecCascade, Typical
+from verispec.rules.shipped import WEIGHT, SGLangThresholds, Strict, hf_ensemble
+from verispec.rules.truncation import BiLD, Cascade, Relaxed, SpecCascade, Truncation, Typical
 
 __all__ = [
     "Rule", "PerTokenRule", "ExactTargetRule", "InducedForm", "get", "names", "split_specs", "REGISTRY", "help_text",
@@ -44,6 +49,10 @@ REGISTRY: dict[str, _Entry] = {
     "lossless": _Entry(Lossless, (), "token-level lossless speculative sampling"),
     "block": _Entry(BlockVerification, (), "block verification (lossless)"),
     "hsd": _Entry(HSD, (), "hierarchical speculative decoding (lossless)"),
+    "hsd_uncapped_final": _Entry(HSDUncappedFinal, (), "HSD, published code: final joint ratio not capped (lossy)"),
+    "hsd_mincap": _Entry(HSDMinCap, HSDMinCap.PARAMS, "HSD, Fast-HSD: branches capped by min(P_k, Q_k) (lossy)"),
+    "hsd_nocap": _Entry(HSDNoCap, HSDNoCap.PARAMS, "HSD, Fast-HSD \"fast\": branches not capped (lossy)"),
+    "fly": _Entry(FLy, FLy.PARAMS, "FLy: defer a rejection at top-3 entropy >= θ if the next W pass (lossy)"),
     "greedy": _Entry(Greedy, (), "exact match against argmax p"),
     "lenience": _Entry(Lenience, Lenience.PARAMS, "accept min(1, p/(ℓq))"),
     "cos_we": _Entry(CosWE, CosWE.PARAMS, "CoS weighted ensemble λp + (1-λ)q"),
@@ -52,6 +61,15 @@ REGISTRY: dict[str, _Entry] = {
     "speccascade": _Entry(SpecCascade, SpecCascade.PARAMS, "accept iff in the min-p set, reject -> sample p"),
     "cascade": _Entry(Cascade, Cascade.PARAMS, "original speculative cascades (deferral rules)"),
     "typical": _Entry(Typical, Typical.PARAMS, "typical acceptance with the η set"),
+    "truncation": _Entry(Truncation, Truncation.PARAMS, "accept iff in a truncation of p (any top-k/top-p/min-p/η/ε)"),
+    "relaxed": _Entry(Relaxed, Relaxed.PARAMS, "TensorRT-LLM relaxed acceptance: top-K ∩ {p >= max p - δ}"),
+    "bild": _Entry(BiLD, BiLD.PARAMS, "BiLD rollback: accept iff -log p(x) <= α or x = argmax p"),
+    "judge": _Entry(registered_judge, JudgeRule.PARAMS, "trained judge: accept with a registered predicate's h(x)"),
+    "sglang": _Entry(SGLangThresholds, SGLangThresholds.PARAMS, "SGLang: accept p(x) >= single, else min(1, p(x)/acc)"),
+    "strict": _Entry(Strict, (), "vLLM strict: y ~ p, accept iff y = draft, else emit y (lossless)"),
+    "hf_ensemble": _Entry(hf_ensemble, (WEIGHT,), "transformers assistant_ensemble_weight w (= cos_we:lam=w)"),
+    "fuzzy": _Entry(Fuzzy, Fuzzy.PARAMS, "fuzzy SD: accept any draft where D(p, q) <= T, else sample p"),
+    "kl_judge": _Entry(KLJudge, KLJudge.PARAMS, "accept any draft where KL < τ; SD where max p > confident"),
 }
 
 
@@ -108,11 +126,17 @@ def _rule_name(text: str) -> str:
 
 
 #: Parameters without a default that may still be omitted (their meaning depends on other params).
-_OPTIONAL = {"typical": ("delta",), "ceiling": ("lam", "mu")}
+_OPTIONAL = {"typical": ("delta",), "ceiling": ("lam", "mu"), "truncation": tuple(p.name for p in Truncation.PARAMS)}
 _EXAMPLES = {
     "lenience": "lenience:ell=0.5",
     "ceiling": "ceiling:kappa=2 or ceiling:kappa=2,base=we,lam=0.5",
     "speccascade": "speccascade:p_base=0.3",
     "typical": "typical:eps=0.15",
+    "relaxed": "relaxed:top_k=10,delta=0.6",
+    "bild": "bild:alpha=3",
+    "judge": "judge:name=<a name given to verispec.rules.judge.register_judge>",
     "cascade": "cascade:rule=token_v3,alpha=0.5",
+    "hf_ensemble": "hf_ensemble:weight=0.5",
+    "fuzzy": "fuzzy:T=0.4,div=js",
+    "kl_judge": "kl_judge:tau=0.5",
 }

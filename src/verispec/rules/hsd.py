@@ -1,6 +1,6 @@
 """Hierarchical speculative decoding, lossless variant (Zhou et al., arXiv 2601.05724; spec §1.3).
 
-Transcribed from the reference implementation's lossless path (running-max cap, backward walk)::
+The reference implementation's lossless path (running-max cap, backward walk), with one correction::
 
     P_k = Π_{i<=k} p_i(x_i),  Q_k = Π_{i<=k} q_i(x_i),  M_k = max(1, max_{j<=k} P_j/Q_j)
     A_k(v) = (P_k/M_k)·p_{k+1}(v),  B_k(v) = Q_k·q_{k+1}(v)            k = 0..G−1
@@ -8,6 +8,12 @@ Transcribed from the reference implementation's lossless path (running-max cap, 
     ρ_k = (A_k − B_k)_+/Z_k,  s_k = 1 − D⁺_k/Z_k                       (step-back probability)
     accept all G with prob min(1, P_G/(M_{G−1}·Q_G)) -> bonus ~ p_{G+1}
     else walk k = G−1 .. 0: step back with prob s_k, otherwise emit x_{1:k}, z ~ norm(ρ_k), stop
+
+The correction: the whole block is accepted with ``min(1, P_G/(M_{G−1}·Q_G))``. No published HSD code
+caps this final ratio (the HSD repository at f3adf7f uses ``min(1, P_G/Q_G)``, registered as
+``hsd_uncapped_final`` in :mod:`verispec.rules.hsd_variants` beside the Fast-HSD variants), and without
+the cap the law is not ``p`` (exact block laws: ``benchmarks/sequence_rules.py``). The design file's §1.3
+calls the capped form "as implemented"; it is verispec's lossless correction of it.
 
 All joint masses are handled relative to ``Q_k`` (the walk only uses ratios), in log space.
 Guards: ``Z_k = 0`` gives ``s_k = 1`` (reference code's nan_to_num); a walk that steps back past

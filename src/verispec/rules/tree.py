@@ -40,9 +40,12 @@ rule                    chain            deterministic tree                     
 ``ceiling`` base=p      ``rule.verify``  ``min(1, κ·g(c))`` = lenience ``ℓ = 1/κ``       refused (2)
 ``speccascade``         ``rule.verify``  ``1[c ∈ A_minp(g)]``, zero-and-renormalise (3)  refused (2)
 ``typical``             ``rule.verify``  ``1[c ∈ A_η(g)]`` hard indicator (3), (4)       refused (2)
+``truncation``,         ``rule.verify``  ``1[c ∈ A(g)]``, zero-and-renormalise (3)      refused (2)
+``relaxed``, ``bild``
 ``cos_we``, ``cos_cd``  ``rule.verify``  refused (5)                                     refused (2)
 ``ceiling`` base=we|cd  ``rule.verify``  refused (5)                                     refused (2)
 ``cascade``             ``rule.verify``  refused (5)                                     refused (2)
+every other lossy rule  ``rule.verify``  refused (5)                                     refused (2)
 ======================  ===============  ==============================================  ============
 
 (1) On sampled trees greedy accepts iff ``c = argmax p`` and its residual is ``δ_argmax p``, which
@@ -92,9 +95,10 @@ from verispec.rules.base import (
     normalize_or,
     sample_categorical,
 )
-from verispec.rules.collaborative import CeilingOnTarget, Lenience
+from verispec.rules.collaborative import CeilingOnEnsemble, CeilingOnTarget, CosCD, CosWE, Lenience
 from verispec.rules.lossless import Greedy, Lossless
-from verispec.rules.truncation import SpecCascade, Typical
+from verispec.rules.shipped import SGLangThresholds, Strict
+from verispec.rules.truncation import Truncation
 
 SCHEMES = ("iid", "without_replacement", "deterministic")
 SAMPLED_SCHEMES = ("iid", "without_replacement")
@@ -108,7 +112,11 @@ NO_NODE = -1
 
 #: Per-token rules with a §4 form for point-mass (deterministic) candidates; any instance whose
 #: ``is_lossless`` is true is allowed as well (see the module table).
-POINT_MASS_RULES = (Lossless, Greedy, Lenience, CeilingOnTarget, SpecCascade, Typical)
+POINT_MASS_RULES = (Lossless, Greedy, Lenience, CeilingOnTarget, Truncation)
+#: Rules whose lossless settings accept a point-mass candidate ``c`` with probability ``g(c)``, so those
+#: settings are lossless on deterministic trees too. Other lossless settings (``fuzzy:T=0``,
+#: ``kl_judge:tau=0``: a point mass is never within a divergence 0 of ``g``) are refused there.
+LOSSLESS_AT_POINT_MASS = (CosWE, CosCD, CeilingOnEnsemble, SGLangThresholds, Strict)
 
 #: Largest number of candidate tuples :func:`sampled_node_law` enumerates.
 MAX_ENUMERATION = 200_000
@@ -306,15 +314,16 @@ def check_tree_rule(rule: Rule, scheme: str, max_branching: int, uniform_chain: 
             f"rule {rule.spec()!r} is defined on chains only (a sequence-level rule over one draft block); "
             "pass a DraftTree.chain of equal length in every row, or use a per-token rule (e.g. lossless) on trees"
         )
-    if rule.is_lossless:
+    if rule.is_lossless and (scheme != "deterministic" or isinstance(rule, POINT_MASS_RULES + LOSSLESS_AT_POINT_MASS)):
         return
     if scheme == "deterministic":
         if not isinstance(rule, POINT_MASS_RULES):
             raise ValueError(
-                f"rule {rule.spec()!r} reads the draft's full distribution q, and a deterministic candidate is a "
-                "point mass δ_c under which it degenerates (see verispec.rules.tree); it has no deterministic-tree "
-                "form. Use it on a sampled chain (DraftTree.chain, scheme 'iid'), or use lossless, greedy, "
-                "lenience, ceiling (base=p), speccascade or typical on deterministic trees"
+                f"rule {rule.spec()!r} has no deterministic-tree form: a deterministic candidate is a point mass "
+                "δ_c, under which rules that read the draft's full distribution q degenerate (see "
+                "verispec.rules.tree). Use it on a sampled chain (DraftTree.chain, scheme 'iid'), or use lossless, "
+                "greedy, lenience, ceiling (base=p) or a truncation-set rule (speccascade, typical, truncation, "
+                "relaxed, bild) on deterministic trees"
             )
         return
     if max_branching > 1 and not uniform_chain:
