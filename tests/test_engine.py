@@ -283,3 +283,26 @@ def test_stats_timing_adds_the_block_seconds_to_its_field():
         st.timing("verify")
     with pytest.raises(ValueError, match="no timing field"):
         st.timing("new_tokens")
+
+
+@pytest.mark.slow
+def test_rule_reading_raw_distributions_gets_them_from_the_engine():
+    """fuzzy with on=raw gates on the untruncated T = 1 pair while emitting from the processed one: the
+    engine's first token follows induced(p, q, raw=(p_raw, q_raw)), which differs from the law gated on
+    the processed pair (so the test tells the two apart)."""
+    target, draft = FakeLM(vocab=6, seed=3), FakeLM(vocab=6, seed=4)
+    sampling = SamplingConfig.parse("temperature=0.5,top_k=3")
+    prompt = [1, 2]
+    raw_rule, processed_rule = R.get("fuzzy:T=0.8,div=tv,on=raw"), R.get("fuzzy:T=0.8,div=tv")
+    t_logits, d_logits = target.next_logits(prompt)[None], draft.next_logits(prompt)[None]
+    p, q = sampling.process(t_logits).double(), sampling.process(d_logits).double()
+    raw = (torch.softmax(t_logits.double(), -1), torch.softmax(d_logits.double(), -1))
+    law = raw_rule.induced(p, q, raw=raw)[0].numpy()
+    assert np.abs(law - processed_rule.induced(p, q)[0].numpy()).sum() > 0.2
+    counts = np.zeros(6)
+    for s in range(3000):
+        out = generate(target, draft, prompt, rule=raw_rule, sampling=sampling, gamma=2, max_new_tokens=2, seed=s)
+        counts[out.tokens[0]] += 1
+    assert gof_pvalue(counts, law) > ALPHA
+    with pytest.raises(ValueError, match="raw distribution"):
+        generate(target, draft, prompt, rule=raw_rule, sampling=sampling, tree="2,1", max_new_tokens=2)

@@ -306,6 +306,9 @@ def generate(
     elif isinstance(costs, CostProfile) and gamma > costs.g_max:
         raise ValueError(f"the cost profile covers γ = 1..{costs.g_max}, got gamma={gamma}")
     rule = get_rule(rule)
+    if getattr(rule, "needs_raw", False) and (spec is not None or head is not None or lookup is not None):
+        raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on chains of a draft "
+                         "model only (no tree, head or prompt lookup)")
     if spec is not None:
         check_tree_rule(rule, spec)
     if head is not None:
@@ -329,7 +332,8 @@ def generate(
     by_confidence = policy is not None and policy.by_confidence
     sources = DraftSources(target, draft, lookup=lookup, head=head, spec=spec, sampling=sampling, width=width,
                            generator=run.gen, stats=stats, stop_below=draft_stop,
-                           keep_drafting=policy.keep_drafting if by_confidence else None)
+                           keep_drafting=policy.keep_drafting if by_confidence else None,
+                           keep_raw=getattr(rule, "needs_raw", False))
 
     target.reset()
     with stats.timing("prefill_s"):
@@ -369,7 +373,10 @@ def generate(
             draft_tree = DraftTree(torch.tensor([proposal.tokens], device=run.device),
                                    torch.tensor([proposal.parents], device=run.device), proposal.scheme)
             q = None if proposal.scheme == "deterministic" else proposal.q[None]
-            path_t, n_acc, nxt = verify_tree(rule, p[None], q, draft_tree, generator=run.gen)
+            raw = None
+            if proposal.q_raw is not None:     # a rule reading the untruncated temperature-1 distributions
+                raw = (torch.softmax(target_logits[:, :width].float(), -1)[None], proposal.q_raw[None])
+            path_t, n_acc, nxt = verify_tree(rule, p[None], q, draft_tree, generator=run.gen, raw=raw)
             # the only copy to the host per step: the accepted count, the path and the next token
             n, z, *path = torch.cat([n_acc, nxt, path_t[0]]).tolist()
             path = path[:n]

@@ -32,9 +32,9 @@ class DraftSources:
 
     def __init__(self, target: Backend, draft: Backend | None, *, lookup: NgramDrafter | None, head,
                  spec: TreeSpec | None, sampling: SamplingConfig, width: int, generator: torch.Generator,
-                 stats: Stats, stop_below: float = 0.0, keep_drafting=None) -> None:
+                 stats: Stats, stop_below: float = 0.0, keep_drafting=None, keep_raw: bool = False) -> None:
         self.target, self.draft, self.lookup, self.head = target, draft, lookup, head
-        self.stop_below, self.keep_drafting = stop_below, keep_drafting
+        self.stop_below, self.keep_drafting, self.keep_raw = stop_below, keep_drafting, keep_raw
         self.spec, self.sampling, self.width, self.gen, self.stats = spec, sampling, width, generator, stats
         self.pending: list[int] = []
 
@@ -77,7 +77,7 @@ class DraftSources:
             return None
         proposal = grow_tree(self.draft, self.pending, self.spec or TreeSpec.chain(g), self.sampling, self.width,
                              self.gen, max_depth=g, timing=self.stats.timing, stop_below=self.stop_below,
-                             keep_drafting=self.keep_drafting)
+                             keep_drafting=self.keep_drafting, keep_raw=self.keep_raw)
         self.stats.draft_calls += proposal.draft_forwards
         return proposal
 

@@ -162,6 +162,7 @@ class DraftProposal:
     draft_forwards: int = 0
     expanded: list[bool] = field(default_factory=list)
     source: str = "model"          # "model" (the draft model), "lookup" (prompt lookup) or "head" (EAGLE-3)
+    q_raw: torch.Tensor | None = None   # like ``q``, untruncated at temperature 1 (``grow_tree(keep_raw=True)``)
 
     @classmethod
     def candidates(cls, tokens: list[int], parents: list[int], source: str) -> "DraftProposal":
@@ -193,14 +194,16 @@ def lookup_proposal(tokens: list[int]) -> DraftProposal:
 
 def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
               generator: torch.Generator, max_depth: int | None = None, timing=None,
-              stop_below: float = 0.0, keep_drafting=None) -> DraftProposal:
+              stop_below: float = 0.0, keep_drafting=None, keep_raw: bool = False) -> DraftProposal:
     """Feed ``pending`` (committed tokens the draft has not seen; the last one is the root) and grow
     the tree ``spec`` below it, at most ``max_depth`` deep. One draft forward per depth that has
     nodes to expand (all of them at once). ``stop_below`` (static trees, chains included): a node
     whose token had draft probability below it is not expanded, so a chain stops drafting at the
     first unconfident token (the decision reads the draft alone, so lossless rules stay exact).
     ``keep_drafting(confidences) -> bool`` (chains only): called with the draft's probabilities of the
-    tokens drafted so far, whether to draft another (:meth:`AutoGamma.keep_drafting`).
+    tokens drafted so far, whether to draft another (:meth:`AutoGamma.keep_drafting`). ``keep_raw``: also
+    keep the draft's untruncated temperature-1 rows (``q_raw``, static trees and chains), for rules that
+    read them.
     ``timing(name)`` is a :meth:`Stats.timing`-like context factory for ``draft_s`` / ``rule_s``."""
     timed = timing or (lambda name: _NoTimer())
     depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
@@ -258,7 +261,14 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
         uniform = torch.full((vocab,), 1.0 / vocab, dtype=q_root.dtype, device=device)
         q = torch.stack([q_root] + [q_of.get(i, uniform) for i in range(len(tokens))])
     expanded = [i in q_of for i in range(len(tokens))]
-    return DraftProposal(tokens, parents, q, spec.scheme, in_draft, forwards, expanded)
+    q_raw = None
+    if keep_raw:
+        if spec.kind != "static":
+            raise ValueError("raw draft rows are kept for static trees and chains only")
+        with timed("rule_s"):
+            rows = [logits_of[-1]] + [logits_of.get(i) for i in range(len(tokens))]
+            q_raw = torch.stack([torch.softmax(r.float(), -1) if r is not None else uniform for r in rows])
+    return DraftProposal(tokens, parents, q, spec.scheme, in_draft, forwards, expanded, q_raw=q_raw)
 
 
 def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: str, generator: torch.Generator) -> list[int]:

@@ -361,7 +361,8 @@ def _reject(rule: PerTokenRule, scheme: str, g: torch.Tensor, q_k: torch.Tensor 
 # -- the sampler --------------------------------------------------------------------------------------
 
 def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: DraftTree,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | None = None,
+                raw: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify a batch of draft trees.
 
     ``p: [B, N+1, V]`` processed target: row 0 at the root, row ``i+1`` after node ``i``.
@@ -375,6 +376,9 @@ def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: Draft
     A sampled chain of equal length in every row, and any chain for a chain-only rule (``block``,
     ``hsd``), goes to ``rule.verify`` unchanged (bit-identical results for the same generator; on a
     deterministic chain the draft is ``q = δ_x``).
+
+    ``raw = (p_raw, q_raw)``, shaped like ``p`` and ``q``: the untruncated temperature-1 distributions, for
+    rules that read them (``needs_raw``, e.g. ``fuzzy:...,on=raw``); such rules run on sampled chains only.
     """
     if not isinstance(tree, DraftTree):
         raise TypeError(f"verify_tree expects a DraftTree, got {type(tree).__name__}")
@@ -382,10 +386,20 @@ def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: Draft
     uniform_chain = tree.is_uniform_chain()
     check_tree_rule(rule, tree.scheme, tree.max_branching, uniform_chain)
     deterministic = tree.scheme == "deterministic"
+    needs_raw = getattr(rule, "needs_raw", False)
+    if needs_raw and (deterministic or not uniform_chain):
+        raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on sampled chains only "
+                         "(no tree, no prompt lookup)")
     if uniform_chain and not (deterministic and rule.per_token):
         tokens = tree.tokens.to(p.device)
         q_chain = _point_mass_rows(tokens, p) if deterministic else q[:, : tree.width]
-        n_accepted, next_token = rule.verify(p, q_chain, tokens, generator)
+        if needs_raw:
+            if raw is None:
+                raise ValueError(f"rule {rule.spec()!r} needs raw=(p_raw, q_raw), the untruncated distributions")
+            n_accepted, next_token = rule.verify(p, q_chain, tokens, generator,
+                                                 raw=(raw[0], raw[1][:, : tree.width]))
+        else:
+            n_accepted, next_token = rule.verify(p, q_chain, tokens, generator)
         steps = torch.arange(tree.width, device=p.device)
         path = torch.where(steps < n_accepted[:, None], steps, NO_NODE)
         return path, n_accepted, next_token
