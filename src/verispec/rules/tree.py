@@ -362,7 +362,8 @@ def _reject(rule: PerTokenRule, scheme: str, g: torch.Tensor, q_k: torch.Tensor 
 
 def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: DraftTree,
                 generator: torch.Generator | None = None,
-                raw: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                raw: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify a batch of draft trees.
 
     ``p: [B, N+1, V]`` processed target: row 0 at the root, row ``i+1`` after node ``i``.
