@@ -23,7 +23,7 @@ sampled from the target alone. EOS or a stop string inside an accepted block end
 token that completes it.
 
 Both loops share their prologue (prompt checks, generator, output buffer) and epilogue (totals) in
-:class:`_Decoding`; model, sampling and rule time is added to the :class:`Stats` fields by
+:class:`Decoding`; model, sampling and rule time is added to the :class:`Stats` fields by
 ``with stats.timing(field):`` blocks.
 """
 
@@ -126,7 +126,7 @@ class _Output:
         return self.text
 
 
-def _check_prompt(backend: Backend, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+def check_prompt(backend: Backend, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("the prompt is empty: give at least one token")
@@ -146,13 +146,13 @@ def _budget(backend: Backend, n_prompt: int, max_new_tokens: int, gamma: int) ->
     return max(1, min(max_new_tokens, room))
 
 
-class _Decoding:
+class Decoding:
     """What both loops share: the checked prompt, the generator, the statistics and the output, and
     the epilogue that fills the totals. The wall clock starts after the prefill (:meth:`start`)."""
 
     def __init__(self, target: Backend, prompt_ids: Sequence[int], *, stats: Stats, max_new_tokens: int,
                  stop: Sequence[str], seed: int, gamma: int) -> None:
-        self.ids = _check_prompt(target, prompt_ids, max_new_tokens)
+        self.ids = check_prompt(target, prompt_ids, max_new_tokens)
         # sampling and verification run where the target's logits are, with a generator there
         self.device = logits_device(target)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -188,7 +188,7 @@ def generate_target_only(
     """Plain autoregressive sampling from the target with ``sampling`` (one forward per token).
 
     ``vocab_width`` slices the logits (default: the tokenizer's size, dropping padded rows)."""
-    run = _Decoding(target, prompt_ids, stats=Stats(mode="target_only", rule="", gamma=0),
+    run = Decoding(target, prompt_ids, stats=Stats(mode="target_only", rule="", gamma=0),
                     max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=0)
     stats = run.stats
     # Logits rows past the tokenizer are padding: never sample them.
@@ -319,12 +319,12 @@ def generate(
         spec_text = spec.spec() if spec else ""
     if lookup is not None:
         check_tree_rule(rule, TreeSpec("static", "deterministic", (1,) * gamma))
-    run = _Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
+    run = Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
                                                     gamma_policy=_policy_label(policy), tree=spec_text),
                     max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
     stats, out, ids = run.stats, run.out, run.ids
     if draft is not None:
-        _check_prompt(draft, ids, max_new_tokens)
+        check_prompt(draft, ids, max_new_tokens)
     width = vocab_width or (check_compatible(target, draft) if draft is not None
                             else min(target.vocab_size, tokenizer_size(target)))
     if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) or not 0.0 <= draft_stop < 1.0:

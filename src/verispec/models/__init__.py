@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .base import Backend, check_compatible
+from .batch import BatchBackend, HFBatchBackend, LlamaBatchBackend, RowsOfBackends
 from .embedded import EMBEDDED_MODELS, EmbeddedModel, default_cache_dir, embedded_model_path
 
 if TYPE_CHECKING:
@@ -24,6 +25,10 @@ __all__ = [
     "load_pair",
     "LlamaBackend",
     "HFBackend",
+    "BatchBackend",
+    "HFBatchBackend",
+    "LlamaBatchBackend",
+    "RowsOfBackends",
     "EMBEDDED_MODELS",
     "EmbeddedModel",
     "embedded_model_path",
