@@ -13,8 +13,9 @@ A step of :func:`generate_batch` over the active rows:
    row samples its token from its processed draft row ``q`` on the device;
 2. one batched target forward: row ``r`` appends ``[root, x_1..x_{g_r}]`` (ragged; a row with
    ``g_r = 0`` appends the root alone: a plain target step) -> processed ``p`` at each of them;
-3. verification: ``rule.verify(p_r [1, g_r+1, V], q_r [1, g_r, V], x_r [1, g_r], generator_r)`` per
-   row, then one copy of every row's ``(n, z)`` to the host;
+3. verification: one ``rule.verify(p [R, g+1, V], q [R, g, V], x [R, g], [generator_r ...])`` per draft
+   length ``g`` over its ``R`` rows (usually one call: every row drafts γ), on the device, then one copy
+   of every row's ``(n, z)`` to the host;
 4. commits: row ``r`` emits ``x_1..x_n, z`` and rolls back its own target and draft rows.
 
 Randomness: prompt ``i`` owns one ``torch.Generator`` on the logits' device seeded with
@@ -24,9 +25,9 @@ order of :func:`~verispec.engine.generate.generate` (per step: ``g`` draft draws
 size, and equal those of ``generate(..., seed=seeds[i])`` up to the floating-point differences of
 batched versus single-sequence model calls (none on the fake models of the tests; float64
 round-off on transformers, which leaves greedy and sampled outputs equal in practice; llama.cpp's
-quantised kernels differ between batch sizes). This is why the rule is called row by row: its
-``verify`` draws uniforms for the whole batch from one generator (``rules/base.py``); a batched call
-would tie each row's draws to its neighbours.
+quantised kernels differ between batch sizes). The batched ``verify`` gets one generator per row
+(:func:`verispec.rules.base.uniform`): row ``r`` draws from its own generator exactly what a call on
+row ``r`` alone would, so batching never ties a row's draws to its neighbours.
 
 Statistics: each prompt's :class:`Stats` counts the forwards its row took part in (``target_calls``,
 ``draft_calls``), its accepted counts, and adds to ``draft_s`` / ``verify_s`` / ``rule_s`` the time of
@@ -166,7 +167,7 @@ def _per_row(backend: BatchBackend, tokens: dict[int, list[int]]) -> list[list[i
 def _sample_rows(probs: torch.Tensor, rows: Sequence[_Row]) -> torch.Tensor:
     """One token per row of ``probs [R, V]``, row ``i`` drawn with ``rows[i]``'s generator (exactly
     :func:`sample_categorical` on that row alone) -> ``[R]`` on the device."""
-    return torch.cat([sample_categorical(probs[i: i + 1], row.run.gen) for i, row in enumerate(rows)])
+    return sample_categorical(probs, [row.run.gen for row in rows])
 
 
 def _finish(row: _Row, slots: list, results: list, backends: Sequence[BatchBackend], slot: int) -> None:
@@ -208,6 +209,9 @@ def generate_batch(
     _check_batch_backend(target, "target")
     _check_batch_backend(draft, "draft")
     rule = get_rule(rule)
+    if getattr(rule, "needs_raw", False):
+        raise NotImplementedError(f"rule {rule.spec()!r} reads raw distributions, which batched decoding does not "
+                                  "keep: run it one sequence at a time (verispec.engine.generate)")
     slots_n = _slots(batch_size, (target, draft))
     width = vocab_width or check_compatible(target, draft)
     device = logits_device(target)
@@ -242,24 +246,18 @@ def generate_batch(
         totals.target_forwards += 1
         totals.row_steps += len(active)
 
-        # 3. verify row by row, each with its own generator; one copy to the host
+        # 3. verify: one call per draft length over its rows, each row with its own generator (the
+        #    rule draws row by row from the row's generator); one copy to the host
         where = row_slices(blocks)
         with _Timed(rows, "rule_s", totals):
             p = sampling.process(logits[:, :width])                            # [Σ (g_r + 1), V]
-            decided = []
-            for s, row in active:
-                p_r = p[where[s]]
-                if s in drafted:
-                    x = torch.tensor([drafted[s]], device=device)
-                    n_t, z_t = rule.verify(p_r[None], torch.stack(q_rows[s])[None], x, row.run.gen)
-                else:
-                    n_t, z_t = torch.zeros(1, dtype=torch.long, device=device), sample_categorical(p_r, row.run.gen)
-                decided += [n_t, z_t]
-            decided = torch.cat(decided).tolist()
+            n_of, z_of = _verify_groups(rule, p, where, active, drafted, q_rows, device)
+            decided = torch.cat([n_of, z_of]).tolist()
+            decided = {s: (decided[k], decided[len(active) + k]) for k, (s, _) in enumerate(active)}
 
         # 4. commit: each row emits its accepted drafts and z, and rolls back its own caches
-        for k, (s, row) in enumerate(active):
-            n, z = decided[2 * k], decided[2 * k + 1]
+        for s, row in active:
+            n, z = decided[s]
             stats, g = row.run.stats, gs[s]
             stats.target_calls += 1
             stats.record_gamma(g)
@@ -280,6 +278,30 @@ def generate_batch(
     totals.wall_s = time.perf_counter() - t0
     totals.results = results
     return totals
+
+
+def _verify_groups(rule: Rule, p: torch.Tensor, where: dict, active: list, drafted: dict, q_rows: dict,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(n_accepted [A], next_token [A])`` of the active rows, in their order: rows that drafted the same
+    number of tokens are verified in one batched ``rule.verify`` (``p [R, g+1, V]``, ``q [R, g, V]``,
+    ``x [R, g]``, one generator per row), rows without drafts take their next token from ``p``."""
+    groups: dict[int, list[int]] = {}
+    for k, (s, _) in enumerate(active):
+        groups.setdefault(len(drafted.get(s, [])), []).append(k)
+    n_of = torch.zeros(len(active), dtype=torch.long, device=device)
+    z_of = torch.zeros(len(active), dtype=torch.long, device=device)
+    for g, members in groups.items():
+        slots = [active[k][0] for k in members]
+        gens = [active[k][1].run.gen for k in members]
+        idx = torch.tensor(members, device=device)
+        p_g = torch.stack([p[where[s]] for s in slots])                       # [R, g+1, V]
+        if g == 0:
+            z_of[idx] = sample_categorical(p_g[:, 0], gens)
+            continue
+        q_g = torch.stack([torch.stack(q_rows[s]) for s in slots])            # [R, g, V]
+        x_g = torch.tensor([drafted[s] for s in slots], device=device)         # [R, g]
+        n_of[idx], z_of[idx] = rule.verify(p_g, q_g, x_g, gens)
+    return n_of, z_of
 
 
 def _draft_chains(draft: BatchBackend, slots: list, gs: dict[int, int], sampling: SamplingConfig, width: int,

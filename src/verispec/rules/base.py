@@ -17,6 +17,7 @@ Conventions (see ``shared/design/verification-rules.md`` §0):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -63,16 +64,35 @@ def total_variation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return positive_part(a - b).sum(-1)
 
 
-def sample_categorical(dist: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row of ``dist: [B, V]`` (rows need not be exactly normalised). ``-> [B]``.
+#: One generator for a whole batch, or one per batch row (a sequence: row ``i`` draws from ``generators[i]``).
+Generators = torch.Generator | Sequence[torch.Generator] | None
 
-    Inverse-CDF sampling with one uniform per row, cumulated in float64: a row's draw depends only
-    on that row and its uniform (batch rows are independent and reproducible), and zero-probability
-    tokens can never be drawn.
+
+def uniform(shape: Sequence[int], generator: Generators, *, dtype: torch.dtype,
+            device: torch.device | str) -> torch.Tensor:
+    """``U[0, 1)`` values of ``shape`` (batch rows first). With one generator per row, row ``i`` draws from
+    ``generator[i]`` exactly what a call on row ``i`` alone would (so a batched call with per-row
+    generators is bit-identical to calling the rule row by row: rows of a batch stay independent)."""
+    shape = tuple(shape)
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, dtype=dtype, device=device)
+    gens = list(generator)
+    if len(gens) != shape[0]:
+        raise ValueError(f"one generator per batch row: got {len(gens)} generators for {shape[0]} rows")
+    return torch.cat([torch.rand((1, *shape[1:]), generator=g, dtype=dtype, device=device) for g in gens])
+
+
+def sample_categorical(dist: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """One draw per row of ``dist: [B, V]`` (rows need not be exactly normalised) ``-> [B]``; or per
+    row and position of ``dist: [B, K, V]`` ``-> [B, K]``.
+
+    Inverse-CDF sampling with one uniform per draw, cumulated in float64: a draw depends only on its
+    row and its uniform (batch rows are independent and reproducible), and zero-probability tokens can
+    never be drawn. ``generator``: one for the batch or one per batch row (:func:`uniform`).
     """
     cdf = dist.double().cumsum(-1)
-    u = torch.rand(dist.shape[0], 1, generator=generator, dtype=torch.float64, device=dist.device)
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
+    u = uniform((*dist.shape[:-1], 1), generator, dtype=torch.float64, device=dist.device)
+    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)[..., 0]
     return idx.clamp_max(dist.shape[-1] - 1)
 
 
@@ -329,7 +349,7 @@ class PerTokenRule(Rule):
         p, q, draft = check_verify_inputs(p, q, draft)
         batch, gamma = draft.shape
         h = self.accept_prob_at(p[:, :gamma], q, draft)                      # [B, G]
-        u = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
         accepted = u < h
         n_accepted = accepted.long().cumprod(-1).sum(-1)                     # leading successes
         fail_at = n_accepted.clamp(max=gamma - 1)

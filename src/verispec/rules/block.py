@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.rules.base import Rule, check_verify_inputs, normalize_or, positive_part, sample_categorical
+from verispec.rules.base import Rule, check_verify_inputs, normalize_or, positive_part, sample_categorical, uniform
 
 
 def log_ratios(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ class BlockVerification(Rule):
         p, q, draft = check_verify_inputs(p, q, draft)
         batch, gamma = draft.shape
         _, s, residual_mass = self.firing_probabilities(p, q, draft)
-        u = torch.rand(s.shape, generator=generator, dtype=s.dtype, device=s.device)
+        u = uniform(s.shape, generator, dtype=s.dtype, device=s.device)
         fired = u < s
         fired[:, 0] = True
         idx = torch.arange(gamma + 1, device=p.device)

@@ -110,6 +110,7 @@ from verispec.rules.base import (
     ratio,
     sample_categorical,
     total_variation,
+    uniform,
 )
 
 LN2 = math.log(2.0)
@@ -336,7 +337,7 @@ class DivergenceGated(PerTokenRule):
         open_, sd = self.gate(p[:, :gamma], q, raw=self._drafted_raw(raw, p, gamma))         # [B, G] each
         idx = draft.unsqueeze(-1)
         h = self._h(p[:, :gamma].gather(-1, idx), q.gather(-1, idx), open_, sd)[..., 0]   # [B, G]
-        u = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
         n_accepted = (u < h).long().cumprod(-1).sum(-1)                                 # leading successes
         fail_at = n_accepted.clamp(max=gamma - 1)
         rows = torch.arange(batch, device=p.device)

@@ -85,6 +85,7 @@ from verispec.rules.base import (
     positive_part,
     ratio,
     sample_categorical,
+    uniform,
 )
 from verispec.rules.hsd_variants import sequence_level_error
 
@@ -158,7 +159,7 @@ class FLy(Rule):
         p, q, draft = check_verify_inputs(p, q, draft)
         batch, gamma = draft.shape
         h = self._native_probs(p, q, draft)
-        u = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
         accepted = self._final_accepts(u < h, self.deferrable(p, q, draft))
         n_accepted = accepted.long().cumprod(-1).sum(-1)
         at = n_accepted.clamp(max=gamma - 1)

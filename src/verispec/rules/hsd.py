@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.rules.base import Rule, check_verify_inputs, normalize_or, positive_part, sample_categorical
+from verispec.rules.base import Rule, check_verify_inputs, normalize_or, positive_part, sample_categorical, uniform
 from verispec.rules.block import _sequence_level_error, log_ratios
 
 
@@ -61,7 +61,7 @@ class HSD(Rule):
 
         accept_all = torch.exp((log_pq[:, gamma] - log_m[:, gamma - 1]).clamp(max=0))
         accept_all = torch.where(torch.isnan(accept_all), torch.zeros_like(accept_all), accept_all)
-        u = torch.rand(batch, gamma + 1, generator=generator, dtype=p.dtype, device=p.device)
+        u = uniform((batch, gamma + 1), generator, dtype=p.dtype, device=p.device)
         all_ok = u[:, gamma] < accept_all
         # Walk down from k = G−1: the first k (from the top) that does not step back emits.
         stops = u[:, :gamma] >= step_back                                              # [B, G]

@@ -100,7 +100,7 @@ from typing import ClassVar
 import torch
 
 from verispec.params import Param, in_range
-from verispec.rules.base import Rule, check_verify_inputs, normalize_or, positive_part, sample_categorical
+from verispec.rules.base import Rule, check_verify_inputs, normalize_or, positive_part, sample_categorical, uniform
 from verispec.rules.block import log_ratios
 
 #: Cap kinds: the scale of the joint target mass ``P_k`` in branch ``k``.
@@ -215,7 +215,7 @@ class HSDVariant(Rule):
         batch, gamma = draft.shape
         accept_all, step_back, corr, _ = hierarchical_walk(
             p, q, draft, cap=self.cap, final_capped=self.final_capped, forced_stop=False, log_ell=self._log_ell())
-        u = torch.rand(batch, gamma + 1, generator=generator, dtype=p.dtype, device=p.device)
+        u = uniform((batch, gamma + 1), generator, dtype=p.dtype, device=p.device)
         all_ok = u[:, gamma] < accept_all
         stops = u[:, :gamma] >= step_back                                             # did not step back
         idx = torch.arange(gamma, device=p.device)

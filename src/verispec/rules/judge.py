@@ -52,6 +52,7 @@ from verispec.rules.base import (
     check_pair,
     check_verify_inputs,
     sample_categorical,
+    uniform,
 )
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
@@ -197,7 +198,7 @@ class JudgeRule(PerTokenRule):
         batch, gamma = draft.shape
         features = _check_features(features, draft.shape, "[B, G] of the draft")
         h = self.accept_prob_at(p[:, :gamma], q, draft, features)             # [B, G]
-        u = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
         n_accepted = (u < h).long().cumprod(-1).sum(-1)                       # leading successes
         rows = torch.arange(batch, device=p.device)
         fail_at = n_accepted.clamp(max=gamma - 1)

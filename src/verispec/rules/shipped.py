@@ -87,6 +87,7 @@ from verispec.rules.base import (
     check_verify_inputs,
     normalize_or,
     sample_categorical,
+    uniform,
 )
 from verispec.rules.collaborative import CosWE
 
@@ -176,7 +177,7 @@ class _TargetOnlyRule(PerTokenRule):
         p, q, draft = check_verify_inputs(p, q, draft)
         batch, gamma = draft.shape
         h = self.accept_prob_at(p[:, :gamma], q, draft)                      # [B, G]
-        u = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
         n_accepted = (u < h).long().cumprod(-1).sum(-1)                       # leading successes
         fail_at = n_accepted.clamp(max=gamma - 1)
         rows = torch.arange(batch, device=p.device)
@@ -274,7 +275,7 @@ class Strict(_TargetOnlyRule):
         mismatch, or the bonus ``y_G``."""
         p, q, draft = check_verify_inputs(p, q, draft)
         batch, gamma = draft.shape
-        y = sample_categorical(p.reshape(batch * (gamma + 1), -1), generator).view(batch, gamma + 1)
+        y = sample_categorical(p, generator)                                   # [B, G+1]
         n_accepted = (y[:, :gamma] == draft).long().cumprod(-1).sum(-1)
         return n_accepted, y.gather(1, n_accepted.unsqueeze(1))[:, 0]
 

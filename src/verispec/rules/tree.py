@@ -94,6 +94,7 @@ from verispec.rules.base import (
     check_distribution,
     normalize_or,
     sample_categorical,
+    uniform,
 )
 from verispec.rules.collaborative import CeilingOnEnsemble, CeilingOnTarget, CosCD, CosWE, Lenience
 from verispec.rules.lossless import Greedy, Lossless
@@ -444,7 +445,7 @@ def _verify_tree_path(rule: PerTokenRule, p: torch.Tensor, q: torch.Tensor | Non
             if not active.any():
                 continue                                                  # e.g. a skipped duplicate
             a = _accept_prob(rule, scheme, g, q_k, tok)
-            u = torch.rand(batch, generator=generator, dtype=g.dtype, device=device)
+            u = uniform((batch,), generator, dtype=g.dtype, device=device)
             accepted = active & (u < a)
             rejected = active & ~accepted
             chosen = torch.where(accepted, child, chosen)
