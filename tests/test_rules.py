@@ -568,7 +568,7 @@ def test_rules_built_directly_validate_like_specs():
 
 @pytest.mark.parametrize("spec", ["lossless", "lenience:ell=0.5", "speccascade:p_base=0.3", "block", "hsd",
                                   "fly:theta=0.2,window=1", "strict", "sglang:single=0.8,acc=0.6",
-                                  "fuzzy:T=0.3", "hsd_mincap:ell=0.8"])
+                                  "fuzzy:T=0.3", "hsd_mincap:ell=0.8", "mentored:D=0.1"])
 def test_per_row_generators_make_a_batched_call_equal_row_by_row_calls(spec):
     """verify with one generator per row draws, for each row, exactly what a call on that row alone
     draws: batching never ties a row's randomness to its neighbours (the batched engine relies on it)."""
@@ -586,3 +586,20 @@ def test_per_row_generators_make_a_batched_call_equal_row_by_row_calls(spec):
             assert (int(n[i]), int(z[i])) == (int(n_i), int(z_i))
     with pytest.raises(ValueError, match="one generator per batch row"):
         rule.verify(p, q, x, gens[:2])
+
+
+def test_the_map_of_rules_lists_every_registered_rule_with_its_place():
+    from verispec.rules.base import TAXONOMY
+    from verispec.rules.catalogue import catalogue_text, entries
+
+    rows = {e.name: e for e in entries()}
+    assert set(rows) == set(R.names())
+    assert all(e.taxonomy in TAXONOMY for e in rows.values())
+    assert [TAXONOMY.index(e.taxonomy) for e in entries()] == sorted(TAXONOMY.index(e.taxonomy) for e in entries())
+    assert rows["lossless"].lossless == "lossless" and rows["lenience"].lossless == "lossy"
+    assert rows["speccascade"].baseline == "target with min_p=0.3" and rows["cos_we"].baseline == "p"
+    assert not rows["fly"].per_token and rows["fly"].taxonomy == "other"
+    assert rows["truncation"].taxonomy == "truncation set" and rows["mentored"].taxonomy == "collaborative"
+    text = catalogue_text()
+    for name in R.names():
+        assert f"\n  {name}" in text

@@ -6,16 +6,21 @@ the grammar of :mod:`verispec.params`, shared with ``SamplingConfig.parse``. Unk
 parameters, missing required ones and values out of range raise ``ValueError`` naming the valid
 choices. :func:`split_specs` splits a comma-separated list of specs.
 
-=========== ============================================ =========================================
-family      spec                                         law / true baseline
-=========== ============================================ =========================================
-lossless    ``lossless``, ``block``, ``hsd``, ``greedy``  p (greedy: argmax p)
-lenience    ``lenience:ell``                              eq. (2.3) / p
-CoS         ``cos_we:lam``, ``cos_cd:mu``                 λp+(1−λ)q, π_CD / p (own target: π)
-ceiling     ``ceiling:kappa,base=p|we|cd[,lam|mu]``       min(q, κp)+… or norm(min(π, κp)) / p
-truncation  ``speccascade:p_base``, ``typical:eps[,delta]`` q·1_A+(1−q(A))p / p_A (min-p, η)
-cascade     ``cascade:rule=chow|…|token_v3,alpha``        π / p_A for token_v3, else p
-=========== ============================================ =========================================
+Every registered rule, grouped by its place in the taxonomy, with its law and true baseline, is printed by
+``verispec rules`` (:mod:`verispec.rules.catalogue`):
+
+* lossless: ``lossless``, ``block``, ``hsd``, ``greedy``, ``strict`` — law p (greedy: argmax p);
+* truncation set: ``speccascade:p_base``, ``typical:eps[,delta]``, ``truncation:…``,
+  ``relaxed:top_k,delta``, ``bild:alpha`` — law q·1_A + (1−q(A))·p, baseline p_A (the target sampled
+  with the same truncation); ``sglang:single,acc`` — Σ_c q(c)[h(c)δ_c + (1−h(c))·p₋c], baseline p;
+* collaborative: ``lenience:ell``, ``ceiling:kappa,base=p|we|cd``, ``cos_we:lam``, ``cos_cd:mu``,
+  ``hf_ensemble:weight``, ``mentored:D`` / ``mentored:alpha`` — eq. (2.3), norm(min(π, κp)),
+  λp + (1−λ)q, π_CD, clip(q, p/β, p/α); baseline p (CoS: its own target π on request);
+* deferral: ``cascade:rule=…,alpha``, ``fuzzy:T,div,on``, ``kl_judge:tau,confident,div,reject`` — π, or
+  q where a divergence gate opens and p (or SD) elsewhere; baseline p_A (token_v3) or p;
+* other: ``hsd_uncapped_final``, ``hsd_mincap:ell``, ``hsd_nocap:ell``, ``fly:theta,window``
+  (sequence-level: exact block laws on toy models in :mod:`verispec.rules.block_law`), ``judge:name``
+  (q·h + (1−β)·p); baseline p.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from verispec.rules.hsd import HSD
 from verispec.rules.hsd_variants import HSDMinCap, HSDNoCap, HSDUncappedFinal
 from verispec.rules.judge import JudgeRule, registered_judge
 from verispec.rules.lossless import Greedy, Lossless
+from verispec.rules.mentored import Mentored
 from verispec.rules.shipped import WEIGHT, SGLangThresholds, Strict, hf_ensemble
 from verispec.rules.truncation import BiLD, Cascade, Relaxed, SpecCascade, Truncation, Typical
 
@@ -70,6 +76,7 @@ REGISTRY: dict[str, _Entry] = {
     "hf_ensemble": _Entry(hf_ensemble, (WEIGHT,), "transformers assistant_ensemble_weight w (= cos_we:lam=w)"),
     "fuzzy": _Entry(Fuzzy, Fuzzy.PARAMS, "fuzzy SD: accept any draft where D(p, q) <= T, else sample p"),
     "kl_judge": _Entry(KLJudge, KLJudge.PARAMS, "accept any draft where KL < τ; SD where max p > confident"),
+    "mentored": _Entry(Mentored, Mentored.PARAMS, "mentored decoding: most acceptance with KL(p‖π) <= D (or fixed α)"),
 }
 
 
@@ -139,4 +146,5 @@ _EXAMPLES = {
     "hf_ensemble": "hf_ensemble:weight=0.5",
     "fuzzy": "fuzzy:T=0.4,div=js",
     "kl_judge": "kl_judge:tau=0.5",
+    "mentored": "mentored:D=0.1 or mentored:alpha=0.5",
 }
