@@ -603,3 +603,13 @@ def test_the_map_of_rules_lists_every_registered_rule_with_its_place():
     text = catalogue_text()
     for name in R.names():
         assert f"\n  {name}" in text
+
+
+def test_demo_table_measures_every_demo_rule():
+    from verispec.demo import DEMO_RULES, _short, demo_table
+
+    text = demo_table()
+    for spec in DEMO_RULES:
+        assert _short(R.get(spec).spec()) in text
+    line = next(x for x in text.splitlines() if x.startswith("lossless "))
+    assert line.split()[1:5] == ["0.680", "0.0000", "0.0000", "1.00"]   # lossless: acceptance 1 − TV(p, q), no distortion
