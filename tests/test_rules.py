@@ -612,4 +612,5 @@ def test_demo_table_measures_every_demo_rule():
     for spec in DEMO_RULES:
         assert _short(R.get(spec).spec()) in text
     line = next(x for x in text.splitlines() if x.startswith("lossless "))
-    assert line.split()[1:5] == ["0.680", "0.0000", "0.0000", "1.00"]   # lossless: acceptance 1 − TV(p, q), no distortion
+    # lossless: acceptance 1 − TV(p, q), no distortion
+    assert line.split()[1:5] == ["0.680", "0.0000", "0.0000", "1.00"]

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Iterable
 
 from verispec.bench.checkers import CHECKERS
-from verispec.settings import ModelSettings
+from verispec.settings import ClusterSettings, ModelSettings
 
 _EXPLICIT = "_explicit_flags"
 
@@ -117,3 +117,27 @@ def add_dataset_flags(ap: argparse.ArgumentParser, dataset_help: str) -> None:
 def dataset_list(values: Iterable[str]) -> list[str]:
     """``--dataset`` values, each possibly comma-separated, as one list."""
     return [d.strip() for item in values for d in item.split(",") if d.strip()]
+
+
+def add_cluster_flags(ap) -> None:
+    """``--workers``, ``--ray-address``, ``--threads-per-worker``, ``--gpus-per-worker``
+    (:class:`~verispec.settings.ClusterSettings`; no result depends on them)."""
+    g = ap.add_argument_group("Ray workers", "generate the work on Ray workers, each holding one model pair; "
+                              "the store, the resumption and the results are those of a run in this process")
+    g.add_argument("--workers", type=int, default=None,
+                   help="start a local Ray cluster with N workers (with --ray-address: N workers on that cluster; "
+                   "default there: as many as its CPUs / GPUs hold)")
+    g.add_argument("--ray-address", default=None,
+                   help="join a running Ray cluster (`ray start --head` prints it; auto: this machine's cluster)")
+    g.add_argument("--threads-per-worker", type=int, default=None,
+                   help="CPU threads of each worker: its llama.cpp n_threads and torch threads, and the CPUs Ray "
+                   "reserves for it (default: --n-threads, else the CPUs divided among --workers, else 1)")
+    g.add_argument("--gpus-per-worker", type=float, default=0.0,
+                   help="GPUs Ray reserves for each worker (fractions share a GPU); the worker sees only those")
+
+
+def cluster_from_args(args) -> ClusterSettings:
+    cluster = ClusterSettings(workers=args.workers, ray_address=args.ray_address,
+                              threads_per_worker=args.threads_per_worker, gpus_per_worker=args.gpus_per_worker)
+    cluster.validate()
+    return cluster

@@ -41,6 +41,33 @@ class DataSettings:
     on_bad_row: str = "skip"
 
 
+@dataclass
+class ClusterSettings:
+    """Where the samples are generated, not what they are (no result depends on it): in this process
+    (the default), or by ``workers`` Ray actors, each holding one model pair on ``threads_per_worker``
+    CPU threads (llama.cpp ``n_threads``, torch threads) and ``gpus_per_worker`` GPUs, on a local
+    Ray cluster or, with ``ray_address`` (``auto`` or ``host:port``), on a running one."""
+
+    workers: int | None = None          # None: in-process, or with ray_address as many as the cluster holds
+    ray_address: str | None = None
+    threads_per_worker: int | None = None   # None: the CPUs divided among the workers
+    gpus_per_worker: float = 0.0
+
+    @property
+    def distributed(self) -> bool:
+        return self.workers is not None or self.ray_address is not None
+
+    def validate(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.threads_per_worker is not None and self.threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        if self.gpus_per_worker < 0:
+            raise ValueError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}")
+        if not self.distributed and (self.threads_per_worker is not None or self.gpus_per_worker):
+            raise ValueError("threads/GPUs per worker apply to Ray workers: give --workers N or --ray-address")
+
+
 #: Field names of each part, for code that copies them (flags -> config, config -> corpus key).
 MODEL_FIELDS = tuple(ModelSettings.__dataclass_fields__)
 DATA_FIELDS = tuple(DataSettings.__dataclass_fields__)

@@ -39,6 +39,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     flags.add_model_flags(p)
     flags.add_decoding_flags(p, allow_auto_gamma=True)
+    flags.add_cluster_flags(p)
     p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None, tree=None)
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")
@@ -110,12 +111,12 @@ def accuracy_gaps(bench_dir: str) -> dict[str, float]:
 
 
 def cmd_bench(args) -> int:
-    cfg = config_from_args(args)
+    cfg, cluster = config_from_args(args), flags.cluster_from_args(args)
     if args.dry_run:
         plan = runner.plan_runs(cfg, runner.model_label(cfg.draft, "draft"), runner.model_label(cfg.target, "target"))
         print(runner.describe_plan(plan))
         return 0
-    out, report = runner.run_bench(cfg, progress=not args.no_progress)
+    out, report = runner.run_bench(cfg, progress=not args.no_progress, cluster=cluster)
     if report is not None:
         print(Path(report.markdown_path).read_text())
         print(f"report: {report.markdown_path}; plots: {', '.join(str(p) for p in report.plot_paths)}", file=sys.stderr)

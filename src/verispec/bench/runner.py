@@ -15,6 +15,12 @@ Rows go to a SQLite :class:`~verispec.bench.store.ResultStore`, one committed ro
 re-run of the same command skips finished rows and a kill loses at most the row in flight. Work is
 done problem-major (each problem through every run before the next problem), so an interrupted
 bench still compares all rules on the same problems.
+
+A :class:`Unit` (run, problem, sample) is what an :class:`Executor` runs: :class:`LocalExecutor` in
+this process, one unit after another (the default), or
+:class:`~verispec.bench.distributed.RayExecutor` on Ray workers (``--workers``, ``--ray-address``).
+Either hands each :class:`UnitResult` back to :meth:`Bench.run`, which writes the unit's files (the
+positions a worker recorded) and then commits its row: the store is written by this process alone.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from verispec import rules as rule_registry
 from verispec.bench.checkers import check
@@ -38,7 +46,7 @@ from verispec.engine.ngram import lookup_for
 from verispec.engine.tree import TreeSpec, check_tree_rule
 from verispec.models import is_ngram_draft, load_pair
 from verispec.sampling import SamplingConfig
-from verispec.settings import DataSettings, ModelSettings
+from verispec.settings import ClusterSettings, DataSettings, ModelSettings
 
 TARGET_ONLY = "target_only"
 STORE_NAME = "results.sqlite"
@@ -213,25 +221,151 @@ def model_label(spec: str | None, role: str) -> str:
     return spec if spec else f"embedded-{role}"
 
 
+@dataclass(frozen=True)
+class Unit:
+    """One sample of one run: what an executor runs and the store commits once."""
+
+    problem: Problem
+    k: int
+    run: PlannedRun
+
+
+@dataclass
+class UnitResult:
+    """A unit's row, and the files that must be in the bench directory before it (paths relative to
+    the directory: the recorded positions of a lossless sample made away from it, e.g. by a Ray worker)."""
+
+    record: SampleRecord
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+class SampleRunner:
+    """The body of the bench loop: runs units on one loaded model pair (``models``: ``load_pair``'s
+    ``(target, draft, width)``) and returns their rows; a lossless sample's positions are saved under
+    ``out`` before its row is returned. Prompts and per-γ call costs are computed once per runner."""
+
+    def __init__(self, cfg: BenchConfig, models: tuple, out: Path) -> None:
+        self.cfg, self.out = cfg, Path(out)
+        self.target, self.draft, self.width = models
+        self._costs: dict = {}
+        self._prompts: dict[tuple[str, str], list[int]] = {}
+
+    def __call__(self, unit: Unit) -> SampleRecord:
+        from verispec.engine import cached_profile, generate, generate_target_only, measure_costs
+
+        problem, k, run = unit.problem, unit.k, unit.run
+        target, draft, width, costs = self.target, self.draft, self.width, self._costs
+        ids = self._prompts.get((problem.dataset, problem.id))
+        if ids is None:
+            ids = self._prompts[(problem.dataset, problem.id)] = target.chat_prompt(problem.prompt)
+        seed = sample_seed(self.cfg.seed, problem.dataset, problem.id, k)
+        t0 = time.perf_counter()
+        if run.rule is None:
+            res = generate_target_only(target, ids, sampling=run.sampling, max_new_tokens=self.cfg.max_new_tokens,
+                                       stop=problem.stop, seed=seed, vocab_width=width)
+        else:
+            gamma, tree = run.key.gamma, run.key.tree or None
+            if run.key.gamma_policy == "auto":
+                gamma = "auto"
+                if gamma not in costs:
+                    costs[gamma] = cached_profile(target, draft, ids, n_threads=self.cfg.n_threads,
+                                                  g_max=DEFAULT_G_MAX)[0]
+            elif gamma not in costs and tree is None and draft is not None:
+                costs[gamma] = measure_costs(target, draft, ids, gamma)
+            # lossless runs record every drafted (p, q): the report's exact per-token distortion
+            recording = SampleRecording(problem.dataset, problem.id) if run.rule == RECORDED_RULE else None
+            res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
+                           max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
+                           vocab_width=width, costs=costs.get(gamma) if tree is None else None,
+                           observer=recording, tree=tree, lookup=lookup_for(self.cfg, gamma))
+            if recording is not None:  # on disk before the row: a stored row implies its positions
+                recording.save(positions_path(self.out, run.key.run_id, problem.id, k), decode=target.token_piece)
+        return self.row(unit, res, time.perf_counter() - t0)
+
+    def row(self, unit: Unit, res, gen_s: float) -> SampleRecord:
+        """The checked row of a unit's generation ``res`` (a ``GenerationResult``) that took ``gen_s``
+        seconds; also for executors that generate several units together."""
+        problem, st = unit.problem, res.stats
+        verdict = check(problem, res.text, timeout_s=self.cfg.check_timeout_s, truncated=st.stop_reason == "length")
+        return SampleRecord.from_stats(
+            unit.run.key.run_id, problem.id, unit.k, output=res.text, extracted=verdict.extracted,
+            correct=bool(verdict.correct), stats=st.to_dict(),
+            meta={
+                "difficulty": problem.meta.get("difficulty"), "generate_s": gen_s,
+                "seed": sample_seed(self.cfg.seed, problem.dataset, problem.id, unit.k),
+                "check_detail": verdict.detail[:500], "correct_flexible": verdict.correct_flexible,
+            },
+        )
+
+
+Commit = Callable[[Unit, UnitResult], None]
+
+
+class Executor(Protocol):
+    """Runs units wherever their models are and hands each result to ``commit`` (on the driver, in
+    any order, each unit at most once); :class:`LocalExecutor` here, the Ray pool in
+    :mod:`verispec.bench.distributed`."""
+
+    def start(self, need_draft: bool) -> None:
+        """Load the models (or start the workers that hold them)."""
+
+    def run(self, units: Sequence[Unit], commit: Commit) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Units one after another, in order, in this process, on one model pair."""
+
+    def __init__(self, cfg: BenchConfig, out: Path, load_models: Callable | None = None) -> None:
+        self.cfg, self.out, self._load_models = cfg, Path(out), load_models
+        self._runner: SampleRunner | None = None
+
+    def start(self, need_draft: bool) -> None:
+        models = (self._load_models or load_pair)(self.cfg, need_draft=need_draft)
+        self._runner = SampleRunner(self.cfg, models, self.out)
+
+    def run(self, units: Sequence[Unit], commit: Commit) -> None:
+        for unit in units:
+            commit(unit, UnitResult(self._runner(unit)))
+
+    def close(self) -> None:
+        self._runner = None
+
+
 class Bench:
-    """Loads datasets and models once, then executes a plan into the store."""
+    """Loads datasets once, then executes a plan into the store: in this process, or with
+    ``cluster`` (:class:`~verispec.settings.ClusterSettings`) on Ray workers; ``executor`` plugs in
+    any other :class:`Executor`."""
 
     def __init__(self, cfg: BenchConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
-                 load_models: Callable | None = None) -> None:
+                 load_models: Callable | None = None, cluster: ClusterSettings | None = None,
+                 executor: Executor | None = None) -> None:
         cfg.validate()
+        if cluster is not None:
+            cluster.validate()
         self.cfg = cfg
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.out = Path(cfg.out)
         self._load_models = load_models
+        self.cluster = cluster
+        self._executor = executor
         self.problems: dict[str, list[Problem]] = {}
 
     def load_problems(self) -> None:
         self.problems = load_problems(self.cfg, self.log, few_shot=self.cfg.few_shot)
 
-    def run(self) -> Path:
-        from verispec.engine import cached_profile, generate, generate_target_only, measure_costs
+    def executor(self) -> Executor:
+        if self._executor is not None:
+            return self._executor
+        if self.cluster is not None and self.cluster.distributed:
+            from verispec.bench.distributed import RayExecutor
 
+            return RayExecutor(self.cfg, self.cluster, load_models=self._load_models, log=self.log)
+        return LocalExecutor(self.cfg, self.out, self._load_models)
+
+    def run(self) -> Path:
         self.load_problems()
         draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")
         target_name = model_label(self.cfg.target, "target")
@@ -244,69 +378,52 @@ class Bench:
                 store.register_run(run.key, {k: v for k, v in run.pair.items() if v})
             done = {run.key.run_id: store.done(run.key.run_id) for run in plan}
             work = [
-                (problem, k, run)
+                Unit(problem, k, run)
                 for dataset, problems in self.problems.items()
                 for problem in problems
                 for k in range(self.cfg.n_samples)
                 for run in plan
                 if run.key.dataset == dataset
             ]
-            todo = [(problem, k, run) for problem, k, run in work if (problem.id, k) not in done[run.key.run_id]]
+            todo = [u for u in work if (u.problem.id, u.k) not in done[u.run.key.run_id]]
             self.log(f"bench: {len(plan)} runs, {len(work)} samples, {len(work) - len(todo)} already done, "
                      f"{len(todo)} to go -> {self.out}")
             if not todo:
                 return self.out
-            need_draft = any(r.rule for _, _, r in todo)
-            target, draft, width = (self._load_models or load_pair)(self.cfg, need_draft=need_draft)
-            costs = {}
-            prompts: dict[tuple[str, str], list[int]] = {}
-            bar = _progress(len(todo), self.progress)
-            for problem, k, run in todo:
-                ids = prompts.get((problem.dataset, problem.id))
-                if ids is None:
-                    ids = prompts[(problem.dataset, problem.id)] = target.chat_prompt(problem.prompt)
-                seed = sample_seed(self.cfg.seed, problem.dataset, problem.id, k)
-                t0 = time.perf_counter()
-                if run.rule is None:
-                    res = generate_target_only(target, ids, sampling=run.sampling,
-                                               max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
-                                               vocab_width=width)
-                else:
-                    gamma, tree = run.key.gamma, run.key.tree or None
-                    if run.key.gamma_policy == "auto":
-                        gamma = "auto"
-                        if gamma not in costs:
-                            costs[gamma] = cached_profile(target, draft, ids, n_threads=self.cfg.n_threads,
-                                                          g_max=DEFAULT_G_MAX)[0]
-                    elif gamma not in costs and tree is None and draft is not None:
-                        costs[gamma] = measure_costs(target, draft, ids, gamma)
-                    # lossless runs record every drafted (p, q): the report's exact per-token distortion
-                    recording = SampleRecording(problem.dataset, problem.id) if run.rule == RECORDED_RULE else None
-                    res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
-                                   max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
-                                   vocab_width=width, costs=costs.get(gamma) if tree is None else None,
-                                   observer=recording, tree=tree, lookup=lookup_for(self.cfg, gamma))
-                    if recording is not None:  # on disk before the row: a stored row implies its positions
-                        recording.save(positions_path(self.out, run.key.run_id, problem.id, k),
-                                       decode=target.token_piece)
-                gen_s = time.perf_counter() - t0
-                st = res.stats
-                verdict = check(problem, res.text, timeout_s=self.cfg.check_timeout_s,
-                                truncated=st.stop_reason == "length")
-                store.add(SampleRecord.from_stats(
-                    run.key.run_id, problem.id, k, output=res.text, extracted=verdict.extracted,
-                    correct=bool(verdict.correct), stats=st.to_dict(),
-                    meta={
-                        "difficulty": problem.meta.get("difficulty"), "generate_s": gen_s, "seed": seed,
-                        "check_detail": verdict.detail[:500], "correct_flexible": verdict.correct_flexible,
-                    },
-                ))
-                bar.set_postfix_str(f"{problem.dataset}/{problem.id} {run.key.rule[:24]}", refresh=False)
-                bar.update(1)
-            bar.close()
+            executor = self.executor()
+            try:
+                executor.start(need_draft=any(u.run.rule for u in todo))
+                bar = _progress(len(todo), self.progress)
+
+                def commit(unit: Unit, result: UnitResult) -> None:
+                    for name, data in result.files.items():  # before the row: it implies them
+                        _write_atomic(self.out, name, data)
+                    if not store.add(result.record):
+                        self.log(f"bench: {unit.run.key.run_id}/{unit.problem.id}/{unit.k} was already stored "
+                                 "(another writer?); the stored row is kept")
+                    bar.set_postfix_str(f"{unit.problem.dataset}/{unit.problem.id} {unit.run.key.rule[:24]}",
+                                        refresh=False)
+                    bar.update(1)
+
+                executor.run(todo, commit)
+                bar.close()
+            finally:
+                executor.close()
         finally:
             store.close()
         return self.out
+
+
+def _write_atomic(root: Path, name: str, data: bytes) -> None:
+    """Write ``root/name`` (a relative path inside ``root``) so that a crash leaves the old file or the new."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"result file {name!r} is not a path inside the bench directory")
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _progress(total: int, enabled: bool):
@@ -315,9 +432,11 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, unit="sample", dynamic_ncols=True, file=sys.stderr)
 
 
-def run_bench(cfg: BenchConfig, *, progress: bool = True, report: bool = True, log=None, load_models=None):
-    """Execute the bench of ``cfg`` (resuming what its store already holds) and build its report."""
-    out = Bench(cfg, progress=progress, log=log, load_models=load_models).run()
+def run_bench(cfg: BenchConfig, *, progress: bool = True, report: bool = True, log=None, load_models=None,
+              cluster: ClusterSettings | None = None, executor: Executor | None = None):
+    """Execute the bench of ``cfg`` (resuming what its store already holds) and build its report;
+    ``cluster`` spreads the samples over Ray workers (:mod:`verispec.bench.distributed`)."""
+    out = Bench(cfg, progress=progress, log=log, load_models=load_models, cluster=cluster, executor=executor).run()
     if not report:
         return out, None
     from verispec.bench.report import build_report

@@ -37,6 +37,7 @@ def add_parser(sub, accuracy_gaps: AccuracyGaps | None = None) -> None:
     p.add_argument("--no-progress", action="store_true")
     flags.add_model_flags(p)
     flags.add_decoding_flags(p)
+    flags.add_cluster_flags(p)
     p.set_defaults(func=lambda args: cmd_diagnose(args, accuracy_gaps), sampling=None, max_new_tokens=None)
 
 
@@ -59,7 +60,12 @@ def config_from_args(args) -> DiagnoseConfig:
 def cmd_diagnose(args, accuracy_gaps: AccuracyGaps | None = None) -> int:
     from verispec.diagnose.measures import diagnostics_markdown
 
-    result = run_diagnose(config_from_args(args), progress=not args.no_progress, accuracy_gaps=accuracy_gaps)
+    cfg, cluster, pool = config_from_args(args), flags.cluster_from_args(args), None
+    if cluster.distributed:   # the corpus is recorded on Ray workers, one prompt per unit
+        from verispec.cluster import WorkerPool
+
+        pool = WorkerPool(cluster, n_threads=cfg.n_threads, log=lambda m: print(f"diagnose: {m}", file=sys.stderr))
+    result = run_diagnose(cfg, progress=not args.no_progress, accuracy_gaps=accuracy_gaps, pool=pool)
     print(diagnostics_markdown(result["summary"]))
     if "tree_form" in result:
         from verispec.diagnose.tree_form import tree_form_markdown

@@ -3,11 +3,17 @@
 Lossless generation samples exactly from the target, so the recorded prefixes are the target's own
 trajectories; at each of them every rule's induced law can be compared with its baseline exactly
 (:mod:`verispec.diagnose.measures`).
+
+:func:`collect_corpus` generates the problems one after another with one model pair;
+:func:`collect_corpus_on_workers` spreads them over the Ray workers of a pool it is given (one problem
+per unit; :class:`verispec.cluster.WorkerPool`) and records the same corpus.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from verispec.diagnose.record import PositionRecorder
@@ -37,8 +43,6 @@ def collect_corpus(
     Returns ``recorder``; the generation results are attached as ``recorder.generations`` (a list of
     ``(dataset, id, GenerationResult)``).
     """
-    from verispec.engine import generate  # lazy: the engine sits above the rules layer
-
     problems = list(problems)
     bar = None
     if progress:
@@ -51,32 +55,119 @@ def collect_corpus(
         recorder.generations = results  # type: ignore[attr-defined]
     try:
         for problem in problems:
-            step = [0]
-            dataset, pid = str(problem.dataset), str(problem.id)
-
-            def observer(p, q, draft_tokens, n_accepted, _step=step, _ds=dataset, _pid=pid):
-                g = int(q.shape[0])
-                recorder.add(
-                    p[:g], q,
-                    dataset=_ds, problem_id=_pid, step=_step[0],
-                    position=list(range(g)),
-                    accepted=[int(j < int(n_accepted)) for j in range(g)],
-                    draft_token=[int(t) for t in draft_tokens[:g]],
-                )
-                _step[0] += 1
-
-            prompt_ids = target.chat_prompt(problem.prompt)
-            result = generate(
-                target, draft, prompt_ids,
-                rule="lossless", sampling=sampling, gamma=gamma,
-                max_new_tokens=max_new_tokens, stop=tuple(getattr(problem, "stop", ()) or ()),
-                seed=seed, observer=observer,
-            )
-            results.append((dataset, pid, result))
+            result = record_problem(target, draft, problem, sampling=sampling, gamma=gamma,
+                                    max_new_tokens=max_new_tokens, seed=seed, recorder=recorder)
+            results.append((str(problem.dataset), str(problem.id), result))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(positions=len(recorder))
     finally:
+        if bar is not None:
+            bar.close()
+    return recorder
+
+
+def record_problem(target, draft, problem, *, sampling, gamma: int, max_new_tokens: int, seed: int,
+                   recorder: PositionRecorder):
+    """Generate one problem with ``rule="lossless"``, recording its drafted positions into ``recorder``
+    (the unit of :func:`collect_corpus`, whose docstring gives the record); returns the generation."""
+    from verispec.engine import generate  # lazy: the engine sits above the rules layer
+
+    step = [0]
+    dataset, pid = str(problem.dataset), str(problem.id)
+
+    def observer(p, q, draft_tokens, n_accepted):
+        g = int(q.shape[0])
+        recorder.add(
+            p[:g], q,
+            dataset=dataset, problem_id=pid, step=step[0],
+            position=list(range(g)),
+            accepted=[int(j < int(n_accepted)) for j in range(g)],
+            draft_token=[int(t) for t in draft_tokens[:g]],
+        )
+        step[0] += 1
+
+    return generate(
+        target, draft, target.chat_prompt(problem.prompt),
+        rule="lossless", sampling=sampling, gamma=gamma,
+        max_new_tokens=max_new_tokens, stop=tuple(getattr(problem, "stop", ()) or ()),
+        seed=seed, observer=observer,
+    )
+
+
+class _ProblemUnits:
+    """The worker side of :func:`collect_corpus_on_workers`: one model pair; a unit ``(i, problem)``
+    returns ``(i, positions of that problem in a recorder of its own, generation)``."""
+
+    def __init__(self, settings, load_models: Callable | None, options: dict, tol: float, max_keep: int) -> None:
+        from verispec.models import load_pair
+
+        self.target, self.draft, _ = (load_models or load_pair)(settings, need_draft=True)
+        self.options, self.tol, self.max_keep = options, tol, max_keep
+
+    def __call__(self, unit):
+        i, problem = unit
+        recorder = PositionRecorder(tol=self.tol, max_keep=self.max_keep)
+        result = record_problem(self.target, self.draft, problem, recorder=recorder, **self.options)
+        return i, recorder, result
+
+
+def collect_corpus_on_workers(
+    settings,
+    problems: Iterable[Any],
+    *,
+    pool,
+    sampling,
+    gamma: int,
+    max_new_tokens: int,
+    seed: int,
+    recorder: PositionRecorder,
+    load_models: Callable | None = None,
+    progress: bool = True,
+) -> PositionRecorder:
+    """:func:`collect_corpus` with one unit per problem on the workers of ``pool`` (a
+    :class:`verispec.cluster.WorkerPool`, not started: the layer above builds it, this one
+    knows nothing of Ray), each holding the pair that ``settings`` names (loaded by ``load_models``,
+    default ``load_pair``, with ``n_threads`` = the worker's threads). The problems' positions are added
+    to ``recorder`` in problem order whatever order they arrive in, so the corpus is the one
+    :func:`collect_corpus` records. A dead worker's problem is generated again on another; a killed
+    driver loses the corpus (it is saved whole, at the end). ``pool`` is closed on return."""
+    problems = list(problems)
+    options = dict(sampling=sampling, gamma=gamma, max_new_tokens=max_new_tokens, seed=seed)
+    results = getattr(recorder, "generations", None)
+    if results is None:
+        results = []
+        recorder.generations = results  # type: ignore[attr-defined]
+    arrived: dict[int, tuple] = {}
+    next_index = [0]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(problems), desc="collecting positions", unit="problem")
+
+    def add(unit, value) -> None:
+        i, positions, result = value
+        arrived[i] = (positions, result)
+        while next_index[0] in arrived:
+            positions, result = arrived.pop(next_index[0])
+            problem = problems[next_index[0]]
+            recorder.extend(positions)
+            results.append((str(problem.dataset), str(problem.id), result))
+            next_index[0] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(positions=len(recorder))
+
+    def factory(threads: int):
+        local = dataclasses.replace(settings, n_threads=threads)
+        return functools.partial(_ProblemUnits, local, load_models, options, recorder.tol, recorder.max_keep)
+
+    try:
+        pool.start(factory)
+        pool.run(list(enumerate(problems)), add)
+    finally:
+        pool.close()
         if bar is not None:
             bar.close()
     return recorder

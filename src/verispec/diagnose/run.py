@@ -67,7 +67,7 @@ class DiagnoseConfig(DataSettings, ModelSettings):
 
 
 def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None,
-                 accuracy_gaps: Callable[[str], Mapping[str, float]] | None = None) -> dict:
+                 accuracy_gaps: Callable[[str], Mapping[str, float]] | None = None, pool=None) -> dict:
     """Record (or reuse) the corpus, summarise every rule, write the outputs; returns the summary,
     plot paths and, with ``cfg.bench_dir``, the rank correlation with the accuracy gaps that
     ``accuracy_gaps(bench_dir)`` reads from that bench (``verispec.bench.cli.accuracy_gaps``: the
@@ -109,12 +109,21 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     sampling = SamplingConfig.parse(cfg.sampling)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    options = dict(sampling=sampling, gamma=cfg.gamma, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                   recorder=PositionRecorder(), progress=progress)
+    workers_load = load_models
     load_models = _load_once(load_models)   # the chain and tree corpora record with the same pair
-    corpus = _reuse_or_record(
-        cfg, out / "corpus.npz", cfg.corpus_key(), PositionRecorder.load, "positions", log, load_models,
-        lambda target, draft, problems: collect_corpus(
-            target, draft, problems, sampling=sampling, gamma=cfg.gamma, max_new_tokens=cfg.max_new_tokens,
-            seed=cfg.seed, recorder=PositionRecorder(), progress=progress))
+    if pool is not None:   # one unit per prompt on the pool's Ray workers: no pair loaded in this process
+        from verispec.diagnose.corpus import collect_corpus_on_workers
+
+        loader = None
+        record = lambda _target, _draft, problems: collect_corpus_on_workers(  # noqa: E731
+            cfg, problems, pool=pool, load_models=workers_load, **options)
+    else:
+        loader = load_models
+        record = lambda target, draft, problems: collect_corpus(target, draft, problems, **options)  # noqa: E731
+    corpus = _reuse_or_record(cfg, out / "corpus.npz", cfg.corpus_key(), PositionRecorder.load, "positions", log,
+                              loader, record)
 
     summary = summarize(corpus, cfg.rules, gamma=cfg.gamma)
     write_diagnostics_json(out / "diagnostics.json", summary)
@@ -166,7 +175,7 @@ def _reuse_or_record(cfg: DiagnoseConfig, path: Path, key: dict, load, what: str
     from verispec.bench.datasets import load_problems
 
     problems = [p for ps in load_problems(cfg, log).values() for p in ps]
-    target, draft, _ = load_models(cfg, need_draft=True)
+    target, draft, _ = load_models(cfg, need_draft=True) if load_models else (None, None, None)
     corpus = record(target, draft, problems)
     corpus.save(path)
     key_path.write_text(json.dumps(key))
