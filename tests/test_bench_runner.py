@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers.fake_lm import FakeLM
@@ -295,3 +296,57 @@ def test_layers_import_downwards():
                 if layer is not None and t is not None and t > layer:
                     bad.append(f"{module} (layer {layer}) imports {target} (layer {t})")
     assert not bad, "\n".join(sorted(set(bad)))
+
+
+def batched_fake_models(cfg, need_draft, batch_size=None):
+    """The fake pair as batched backends (one fake model per row: exact, so outputs equal one at a time)."""
+    from verispec.models import RowsOfBackends
+
+    if batch_size is None:
+        return fake_models(cfg, need_draft)
+    return (RowsOfBackends([DigitLM(1) for _ in range(batch_size)]),
+            RowsOfBackends([DigitLM(2) for _ in range(batch_size)]) if need_draft else None, 10)
+
+
+def _stored(out: Path) -> dict:
+    store = ResultStore(out / runner.STORE_NAME)
+    try:
+        return {(k.role, k.rule, s.problem_id, s.sample_idx): (s.output, s.correct, s.new_tokens, s.target_calls,
+                                                              tuple(s.accepted_hist), s.meta["seed"])
+                for k, _ in store.runs() for s in store.samples(k.run_id)}
+    finally:
+        store.close()
+
+
+def test_batch_size_stores_the_rows_of_one_at_a_time_decoding(tmp_path):
+    """bench --batch-size: every row (outputs, verdicts, counts, seeds) and every recorded lossless position
+    file equals the one-at-a-time run; a rerun finds everything done."""
+    from verispec.settings import ClusterSettings
+
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    ref = config(tmp_path / "a", n_rows=5, max_new_tokens=6)
+    batched = config(tmp_path / "b", n_rows=5, max_new_tokens=6)
+    runner.run_bench(ref, progress=False, load_models=batched_fake_models, log=lambda m: None, report=False)
+    runner.run_bench(batched, progress=False, load_models=batched_fake_models, log=lambda m: None, report=False,
+                     cluster=ClusterSettings(batch_size=3))
+    a, b = _stored(Path(ref.out)), _stored(Path(batched.out))
+    assert len(a) == 5 * 2 * 5 and a == b      # 5 problems x 2 samples x (target, baseline, 3 rules)
+    # the run ids differ (they name the dataset file, in another folder here): compare by sample
+    files_a = {p.name: p for p in Path(ref.out).rglob("*.npz")}
+    files_b = {p.name: p for p in Path(batched.out).rglob("*.npz")}
+    assert sorted(files_a) == sorted(files_b) and files_a
+    for name_ in files_a:
+        za, zb = np.load(files_a[name_]), np.load(files_b[name_])
+        assert sorted(za.files) == sorted(zb.files)
+        for name in za.files:
+            np.testing.assert_array_equal(za[name], zb[name])
+    messages: list[str] = []
+    runner.run_bench(batched, progress=False, load_models=batched_fake_models, log=messages.append, report=False,
+                     cluster=ClusterSettings(batch_size=3))
+    assert any("0 to go" in m or "already done" in m for m in messages)
+    with pytest.raises(ValueError, match="does not combine with --tree"):
+        runner.run_bench(config(tmp_path / "c", trees=["2,1"]), progress=False, load_models=batched_fake_models,
+                         log=lambda m: None, report=False, cluster=ClusterSettings(batch_size=2))
+    with pytest.raises(ValueError, match="does not combine with Ray workers"):
+        ClusterSettings(batch_size=2, workers=2).validate()

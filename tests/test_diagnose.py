@@ -564,3 +564,26 @@ def test_run_diagnose_on_fake_models_with_bench_correlation(tmp_path):
     again = run_diagnose(cfg, progress=False, log=logs.append, load_models=None, accuracy_gaps=accuracy_gaps)
     assert any("reusing" in m for m in logs) and again["n_positions"] == result["n_positions"]
     assert json.dumps(again["summary"], default=str) == json.dumps(result["summary"], default=str)
+
+
+def test_run_diagnose_with_a_batch_size_records_the_corpus_of_one_at_a_time(tmp_path):
+    """diagnose --batch-size: prompts decoded together on batched backends record the same corpus (exact
+    fake models) and the same diagnostics as one prompt at a time."""
+    from tests.test_bench_runner import batched_fake_models, config
+    from verispec.diagnose.run import DiagnoseConfig, run_diagnose
+
+    bench_cfg = config(tmp_path, n_rows=5)
+
+    def cfg(out: str, **kw) -> DiagnoseConfig:
+        return DiagnoseConfig(datasets=bench_cfg.datasets, question_field="question", answer_field="answer",
+                              id_field="id", checker="gsm8k", limit=None, sampling="temperature=1", gamma=3,
+                              max_new_tokens=8, rules=["lossless", "lenience:ell=0.5", "mentored:D=0.1"],
+                              out=str(tmp_path / out), **kw)
+
+    run_diagnose(cfg("one"), progress=False, log=lambda m: None, load_models=batched_fake_models)
+    run_diagnose(cfg("batch"), progress=False, log=lambda m: None, load_models=batched_fake_models, batch_size=2)
+    for name in ("corpus.npz", "diagnostics.json"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "batch" / name).read_bytes(), name
+    with pytest.raises(ValueError, match="--batch-size records chains"):
+        run_diagnose(cfg("tree", tree="2,1"), progress=False, log=lambda m: None, load_models=batched_fake_models,
+                     batch_size=2)

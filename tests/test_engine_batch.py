@@ -328,3 +328,38 @@ def test_llama_greedy_batch_equals_one_at_a_time(llama_backends):
     out = generate_batch(b["target_rows"], b["draft_rows"], prompts, rule="lossless", sampling=GREEDY, gamma=3,
                          max_new_tokens=5)
     assert [r.tokens for r in out] == refs
+
+
+def test_batched_observers_stops_and_on_done_match_one_at_a_time():
+    """Each prompt's observer sees what generate's observer sees (same p, q, drafts, accepted counts),
+    per-prompt stop strings apply to their own prompt, and on_done reports each prompt as it ends."""
+    sampling = SamplingConfig.parse("temperature=1")
+    prompts = [[1, 2], [3], [2, 2, 1], [0, 1]]
+    stops = [["ab"], [], ["c"], ["ba", "cc"]]
+    seen: dict[int, list] = {i: [] for i in range(4)}
+    single: dict[int, list] = {i: [] for i in range(4)}
+    done: list[int] = []
+
+    def watcher(store, i):
+        return lambda p, q, x, n: store[i].append((p.clone(), q.clone(), x.tolist(), n))
+
+    def pair(rows):
+        return (RowsOfBackends([FakeLM(vocab=5, seed=1) for _ in range(rows)]),
+                RowsOfBackends([FakeLM(vocab=5, seed=2) for _ in range(rows)]))
+
+    target, draft = pair(2)
+    out = generate_batch(target, draft, prompts, rule="lossless", sampling=sampling, gamma=3, max_new_tokens=12,
+                         stop=stops, seeds=[5, 6, 7, 8], observers=[watcher(seen, i) for i in range(4)],
+                         on_done=lambda i, res: done.append(i))
+    assert sorted(done) == [0, 1, 2, 3]
+    for i, ids in enumerate(prompts):
+        ref = generate(FakeLM(vocab=5, seed=1), FakeLM(vocab=5, seed=2), ids, rule="lossless", sampling=sampling,
+                       gamma=3, max_new_tokens=12, stop=stops[i], seed=5 + i, observer=watcher(single, i))
+        assert out[i].tokens == ref.tokens and out[i].text == ref.text
+        assert len(seen[i]) == len(single[i]) > 0
+        for (p, q, x, n), (p1, q1, x1, n1) in zip(seen[i], single[i]):
+            assert x == x1 and n == n1
+            torch.testing.assert_close(p, p1)
+            torch.testing.assert_close(q, q1)
+    with pytest.raises(ValueError, match="one stop list per prompt"):
+        generate_batch(*pair(2), prompts, rule="lossless", sampling=sampling, max_new_tokens=3, stop=[["a"]])

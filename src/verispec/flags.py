@@ -132,12 +132,16 @@ def add_cluster_flags(ap) -> None:
     g.add_argument("--threads-per-worker", type=int, default=None,
                    help="CPU threads of each worker: its llama.cpp n_threads and torch threads, and the CPUs Ray "
                    "reserves for it (default: --n-threads, else the CPUs divided among --workers, else 1)")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="decode N samples of a run together in this process (continuous batching on batched "
+                   "backends; chains only: no --tree, --lookup or --gamma auto)")
     g.add_argument("--gpus-per-worker", type=float, default=0.0,
                    help="GPUs Ray reserves for each worker (fractions share a GPU); the worker sees only those")
 
 
 def cluster_from_args(args) -> ClusterSettings:
     cluster = ClusterSettings(workers=args.workers, ray_address=args.ray_address,
-                              threads_per_worker=args.threads_per_worker, gpus_per_worker=args.gpus_per_worker)
+                              threads_per_worker=args.threads_per_worker, gpus_per_worker=args.gpus_per_worker,
+                              batch_size=getattr(args, "batch_size", None))
     cluster.validate()
     return cluster

@@ -46,12 +46,16 @@ class ClusterSettings:
     """Where the samples are generated, not what they are (no result depends on it): in this process
     (the default), or by ``workers`` Ray actors, each holding one model pair on ``threads_per_worker``
     CPU threads (llama.cpp ``n_threads``, torch threads) and ``gpus_per_worker`` GPUs, on a local
-    Ray cluster or, with ``ray_address`` (``auto`` or ``host:port``), on a running one."""
+    Ray cluster or, with ``ray_address`` (``auto`` or ``host:port``), on a running one. ``batch_size``:
+    in this process, decode the samples of a run ``batch_size`` rows at a time (continuous batching on
+    batched backends; the law of every sample is unchanged, its exact tokens may differ by the float
+    round-off of batched model calls)."""
 
     workers: int | None = None          # None: in-process, or with ray_address as many as the cluster holds
     ray_address: str | None = None
     threads_per_worker: int | None = None   # None: the CPUs divided among the workers
     gpus_per_worker: float = 0.0
+    batch_size: int | None = None           # None: one sequence at a time
 
     @property
     def distributed(self) -> bool:
@@ -66,6 +70,11 @@ class ClusterSettings:
             raise ValueError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}")
         if not self.distributed and (self.threads_per_worker is not None or self.gpus_per_worker):
             raise ValueError("threads/GPUs per worker apply to Ray workers: give --workers N or --ray-address")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_size is not None and self.distributed:
+            raise ValueError("--batch-size decodes batches in this process; it does not combine with Ray workers "
+                             "(drop --workers / --ray-address, or --batch-size)")
 
 
 #: Field names of each part, for code that copies them (flags -> config, config -> corpus key).

@@ -333,6 +333,63 @@ class LocalExecutor:
         self._runner = None
 
 
+class BatchExecutor:
+    """Units decoded ``batch_size`` at a time on batched backends (:mod:`verispec.engine.batch`), in this
+    process: the work list is cut into chunks of about ``batch_size`` problems (so an interrupted bench
+    still compares every run on the same problems), and within a chunk the samples of each run form one
+    continuously batched call; each row is committed as soon as its prompt ends. Chains only."""
+
+    def __init__(self, cfg: BenchConfig, out: Path, batch_size: int, load_models: Callable | None = None) -> None:
+        if cfg.trees or cfg.lookup or "auto" in cfg.gammas:
+            raise ValueError("--batch-size decodes chains of a fixed γ: it does not combine with --tree, --lookup "
+                             "or --gamma auto (drop one)")
+        self.cfg, self.out, self.batch_size, self._load_models = cfg, Path(out), batch_size, load_models
+        self._runner: SampleRunner | None = None
+
+    def start(self, need_draft: bool) -> None:
+        load = self._load_models or load_pair
+        self._runner = SampleRunner(self.cfg, load(self.cfg, need_draft=need_draft, batch_size=self.batch_size),
+                                    self.out)
+
+    def run(self, units: Sequence[Unit], commit: Commit) -> None:
+        from verispec.engine.batch import generate_batch, generate_target_only_batch
+
+        runner, cfg = self._runner, self.cfg
+        problems = list(dict.fromkeys((u.problem.dataset, u.problem.id) for u in units))
+        per_chunk = max(1, self.batch_size // max(1, cfg.n_samples))
+        for start in range(0, len(problems), per_chunk):
+            chunk = set(problems[start:start + per_chunk])
+            groups: dict[str, list[Unit]] = {}
+            for u in units:
+                if (u.problem.dataset, u.problem.id) in chunk:
+                    groups.setdefault(u.run.key.run_id, []).append(u)
+            for group in groups.values():
+                run = group[0].run
+                prompts = [runner.target.chat_prompt(u.problem.prompt) for u in group]
+                seeds = [sample_seed(cfg.seed, u.problem.dataset, u.problem.id, u.k) for u in group]
+                stops = [list(u.problem.stop) for u in group]
+                recordings = [SampleRecording(u.problem.dataset, u.problem.id) if run.rule == RECORDED_RULE
+                              else None for u in group]
+
+                def done(i: int, res, group=group, recordings=recordings) -> None:
+                    unit = group[i]
+                    if recordings[i] is not None:   # on disk before the row: a stored row implies its positions
+                        recordings[i].save(positions_path(self.out, unit.run.key.run_id, unit.problem.id, unit.k),
+                                           decode=runner.target.token_piece)
+                    commit(unit, UnitResult(runner.row(unit, res, res.stats.wall_s)))
+
+                common = dict(sampling=run.sampling, max_new_tokens=cfg.max_new_tokens, stop=stops, seeds=seeds,
+                              batch_size=self.batch_size, vocab_width=runner.width, on_done=done)
+                if run.rule is None:
+                    generate_target_only_batch(runner.target, prompts, **common)
+                else:
+                    generate_batch(runner.target, runner.draft, prompts, rule=run.rule, gamma=run.key.gamma,
+                                   observers=recordings, **common)
+
+    def close(self) -> None:
+        self._runner = None
+
+
 class Bench:
     """Loads datasets once, then executes a plan into the store: in this process, or with
     ``cluster`` (:class:`~verispec.settings.ClusterSettings`) on Ray workers; ``executor`` plugs in
@@ -363,6 +420,8 @@ class Bench:
             from verispec.bench.distributed import RayExecutor
 
             return RayExecutor(self.cfg, self.cluster, load_models=self._load_models, log=self.log)
+        if self.cluster is not None and self.cluster.batch_size is not None:
+            return BatchExecutor(self.cfg, self.out, self.cluster.batch_size, self._load_models)
         return LocalExecutor(self.cfg, self.out, self._load_models)
 
     def run(self) -> Path:

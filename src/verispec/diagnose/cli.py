@@ -65,7 +65,8 @@ def cmd_diagnose(args, accuracy_gaps: AccuracyGaps | None = None) -> int:
         from verispec.cluster import WorkerPool
 
         pool = WorkerPool(cluster, n_threads=cfg.n_threads, log=lambda m: print(f"diagnose: {m}", file=sys.stderr))
-    result = run_diagnose(cfg, progress=not args.no_progress, accuracy_gaps=accuracy_gaps, pool=pool)
+    result = run_diagnose(cfg, progress=not args.no_progress, accuracy_gaps=accuracy_gaps, pool=pool,
+                          batch_size=cluster.batch_size)
     print(diagnostics_markdown(result["summary"]))
     if "tree_form" in result:
         from verispec.diagnose.tree_form import tree_form_markdown

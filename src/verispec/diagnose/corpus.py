@@ -73,6 +73,20 @@ def record_problem(target, draft, problem, *, sampling, gamma: int, max_new_toke
     (the unit of :func:`collect_corpus`, whose docstring gives the record); returns the generation."""
     from verispec.engine import generate  # lazy: the engine sits above the rules layer
 
+    return generate(
+        target, draft, target.chat_prompt(problem.prompt),
+        rule="lossless", sampling=sampling, gamma=gamma,
+        max_new_tokens=max_new_tokens, stop=_stop(problem),
+        seed=seed, observer=_observer(recorder, problem),
+    )
+
+
+def _stop(problem) -> tuple[str, ...]:
+    return tuple(getattr(problem, "stop", ()) or ())
+
+
+def _observer(recorder: PositionRecorder, problem):
+    """The engine observer recording one problem's drafted positions into ``recorder``."""
     step = [0]
     dataset, pid = str(problem.dataset), str(problem.id)
 
@@ -87,12 +101,42 @@ def record_problem(target, draft, problem, *, sampling, gamma: int, max_new_toke
         )
         step[0] += 1
 
-    return generate(
-        target, draft, target.chat_prompt(problem.prompt),
-        rule="lossless", sampling=sampling, gamma=gamma,
-        max_new_tokens=max_new_tokens, stop=tuple(getattr(problem, "stop", ()) or ()),
-        seed=seed, observer=observer,
-    )
+    return observer
+
+
+def collect_corpus_batched(target, draft, problems: Iterable[Any], *, sampling, gamma: int, max_new_tokens: int,
+                           seed: int, recorder: PositionRecorder, batch_size: int,
+                           progress: bool = True) -> PositionRecorder:
+    """:func:`collect_corpus` on batched backends (:mod:`verispec.models.batch`), ``batch_size`` problems
+    decoded together (continuous batching). Each problem records into a recorder of its own, merged in
+    problem order, so the corpus has the layout of :func:`collect_corpus` (its values may differ by the
+    round-off of batched model calls)."""
+    from verispec.engine.batch import generate_batch  # lazy: the engine sits above the rules layer
+
+    problems = list(problems)
+    own = [PositionRecorder(tol=recorder.tol, max_keep=recorder.max_keep) for _ in problems]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(problems), desc="collecting positions", unit="problem")
+    try:
+        out = generate_batch(target, draft, [target.chat_prompt(p.prompt) for p in problems], rule="lossless",
+                             sampling=sampling, gamma=gamma, max_new_tokens=max_new_tokens,
+                             stop=[list(_stop(p)) for p in problems], seeds=[seed] * len(problems),
+                             batch_size=batch_size, observers=[_observer(r, p) for r, p in zip(own, problems)],
+                             on_done=(lambda i, res: bar.update(1)) if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    results = getattr(recorder, "generations", None)
+    if results is None:
+        results = []
+        recorder.generations = results  # type: ignore[attr-defined]
+    for problem, positions, result in zip(problems, own, out):
+        recorder.extend(positions)
+        results.append((str(problem.dataset), str(problem.id), result))
+    return recorder
 
 
 class _ProblemUnits:

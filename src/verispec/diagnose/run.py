@@ -67,7 +67,8 @@ class DiagnoseConfig(DataSettings, ModelSettings):
 
 
 def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None,
-                 accuracy_gaps: Callable[[str], Mapping[str, float]] | None = None, pool=None) -> dict:
+                 accuracy_gaps: Callable[[str], Mapping[str, float]] | None = None, pool=None,
+                 batch_size: int | None = None) -> dict:
     """Record (or reuse) the corpus, summarise every rule, write the outputs; returns the summary,
     plot paths and, with ``cfg.bench_dir``, the rank correlation with the accuracy gaps that
     ``accuracy_gaps(bench_dir)`` reads from that bench (``verispec.bench.cli.accuracy_gaps``: the
@@ -113,7 +114,21 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
                    recorder=PositionRecorder(), progress=progress)
     workers_load = load_models
     load_models = _load_once(load_models)   # the chain and tree corpora record with the same pair
-    if pool is not None:   # one unit per prompt on the pool's Ray workers: no pair loaded in this process
+    if batch_size is not None:   # batch_size prompts decoded together on batched backends
+        if cfg.tree:
+            raise ValueError("--batch-size records chains; the tree corpus (--tree) is recorded one prompt at a time "
+                             "(drop one)")
+        from verispec.diagnose.corpus import collect_corpus_batched
+
+        def batched(c: DiagnoseConfig, need_draft: bool = True):
+            from verispec.models import load_pair
+
+            return (workers_load or load_pair)(c, need_draft=need_draft, batch_size=batch_size)
+
+        loader = _load_once(batched)
+        record = lambda target, draft, problems: collect_corpus_batched(  # noqa: E731
+            target, draft, problems, batch_size=batch_size, **options)
+    elif pool is not None:   # one unit per prompt on the pool's Ray workers: no pair loaded in this process
         from verispec.diagnose.corpus import collect_corpus_on_workers
 
         loader = None

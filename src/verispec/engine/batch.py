@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -170,11 +170,26 @@ def _sample_rows(probs: torch.Tensor, rows: Sequence[_Row]) -> torch.Tensor:
     return sample_categorical(probs, [row.run.gen for row in rows])
 
 
-def _finish(row: _Row, slots: list, results: list, backends: Sequence[BatchBackend], slot: int) -> None:
+def _finish(row: _Row, slots: list, results: list, backends: Sequence[BatchBackend], slot: int,
+            on_done: Callable[[int, GenerationResult], None] | None = None) -> None:
     results[row.index] = row.run.result()
+    if on_done is not None:
+        on_done(row.index, results[row.index])
     for be in backends:
         be.reset_row(slot)
     slots[slot] = None
+
+
+def _stops(stop, n: int) -> list[Sequence[str]]:
+    """Stop strings per prompt: the same list for all (``["\\n\\n"]``) or one list per prompt."""
+    if isinstance(stop, str):
+        raise TypeError("stop takes a list of stop strings (or one list per prompt), not a string")
+    stop = list(stop)
+    if stop and all(not isinstance(x, str) for x in stop):
+        if len(stop) != n:
+            raise ValueError(f"one stop list per prompt: got {len(stop)} lists for {n} prompts")
+        return [list(x) for x in stop]
+    return [stop] * n
 
 
 def generate_batch(
@@ -186,18 +201,23 @@ def generate_batch(
     sampling: SamplingConfig,
     gamma: int = 5,
     max_new_tokens: int,
-    stop: Sequence[str] = (),
+    stop: Sequence[str] | Sequence[Sequence[str]] = (),
     seeds: int | Sequence[int] = 0,
     batch_size: int | None = None,
     vocab_width: int | None = None,
     tree=None,
     lookup=None,
+    on_done: Callable[[int, GenerationResult], None] | None = None,
+    observers: Sequence[Callable | None] | None = None,
 ) -> BatchResult:
     """Speculative decoding of every prompt with ``rule``, ``batch_size`` rows at a time (default: the
     backends' rows); see the module docstring. ``seeds``: one per prompt, or an int ``s`` giving
     prompt ``i`` the seed ``s + i``. Prompt ``i``'s result equals ``generate(target_i, draft_i,
     prompts[i], seed=seeds[i], ...)`` on the same models up to batched-versus-single model numerics.
-    ``tree`` and ``lookup`` are not supported (chains only)."""
+    ``tree`` and ``lookup`` are not supported (chains only). ``stop``: stop strings for every prompt, or
+    one list per prompt. ``on_done(i, result)`` is called as soon as prompt ``i`` ends (e.g. to store it
+    while the others decode). ``observers``: one per prompt (or None), each called after every verified
+    step of its prompt as ``generate``'s ``observer`` is."""
     if tree is not None or lookup is not None:
         raise NotImplementedError("batched decoding drafts chains: draft trees and prompt lookup run one sequence "
                                   "at a time (verispec.engine.generate)")
@@ -216,8 +236,11 @@ def generate_batch(
     width = vocab_width or check_compatible(target, draft)
     device = logits_device(target)
     seeds = _seeds(seeds, len(prompts))
+    if observers is not None and len(observers) != len(prompts):
+        raise ValueError(f"one observer (or None) per prompt: got {len(observers)} for {len(prompts)} prompts")
     runs = [Decoding(target, ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma, gamma_policy="fixed"),
-                      max_new_tokens=max_new_tokens, stop=stop, seed=s, gamma=gamma) for ids, s in zip(prompts, seeds)]
+                      max_new_tokens=max_new_tokens, stop=st, seed=s, gamma=gamma)
+            for ids, s, st in zip(prompts, seeds, _stops(stop, len(prompts)))]
     for run in runs:
         check_prompt(draft, run.ids, max_new_tokens)
     totals = BatchResult([], slots_n)
@@ -254,6 +277,11 @@ def generate_batch(
             n_of, z_of = _verify_groups(rule, p, where, active, drafted, q_rows, device)
             decided = torch.cat([n_of, z_of]).tolist()
             decided = {s: (decided[k], decided[len(active) + k]) for k, (s, _) in enumerate(active)}
+        if observers is not None:     # as generate's observer: p [g+1, V], q [g, V], drafts [g], accepted
+            for s, row in active:
+                watch = observers[row.index]
+                if watch is not None and s in drafted:
+                    watch(p[where[s]].cpu(), torch.stack(q_rows[s]).cpu(), torch.tensor(drafted[s]), decided[s][0])
 
         # 4. commit: each row emits its accepted drafts and z, and rolls back its own caches
         for s, row in active:
@@ -265,7 +293,7 @@ def generate_batch(
                 stats.record_step(n, g)
             emitted = drafted.get(s, [])[:n] + [z]
             if row.run.out.extend(emitted):
-                _finish(row, slots, results, (target, draft), s)
+                _finish(row, slots, results, (target, draft), s, on_done)
                 continue
             target.rollback_row(s, t_start[s] + 1 + n)          # keep the root and the accepted drafts
             if g:
@@ -361,10 +389,11 @@ def generate_target_only_batch(
     *,
     sampling: SamplingConfig,
     max_new_tokens: int,
-    stop: Sequence[str] = (),
+    stop: Sequence[str] | Sequence[Sequence[str]] = (),
     seeds: int | Sequence[int] = 0,
     batch_size: int | None = None,
     vocab_width: int | None = None,
+    on_done: Callable[[int, GenerationResult], None] | None = None,
 ) -> BatchResult:
     """Plain sampling from the target, ``batch_size`` rows at a time: one batched forward of one token
     per active row per step. Prompt ``i``'s result equals ``generate_target_only(target_i, prompts[i],
@@ -374,7 +403,7 @@ def generate_target_only_batch(
     width = vocab_width or min(target.vocab_size, tokenizer_size(target))
     seeds = _seeds(seeds, len(prompts))
     runs = [Decoding(target, ids, stats=Stats(mode="target_only", rule="", gamma=0), max_new_tokens=max_new_tokens,
-                      stop=stop, seed=s, gamma=0) for ids, s in zip(prompts, seeds)]
+                      stop=st, seed=s, gamma=0) for ids, s, st in zip(prompts, seeds, _stops(stop, len(prompts)))]
     totals = BatchResult([], slots_n)
     results: list[GenerationResult | None] = [None] * len(prompts)
     queue = deque(range(len(prompts)))
@@ -414,7 +443,7 @@ def generate_target_only_batch(
         for s, row, tok in zip(stepping, rows, toks):
             row.run.stats.target_calls += 1
             if row.run.out.extend([tok]):
-                _finish(row, slots, results, (target,), s)
+                _finish(row, slots, results, (target,), s, on_done)
                 feed[s] = []
             else:
                 feed[s] = [tok]

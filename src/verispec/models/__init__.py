@@ -54,6 +54,7 @@ def load_backend(
     n_ctx: int = 4096,
     device: str = "cpu",
     dtype: Any = None,
+    batch_size: int | None = None,
 ) -> Backend:
     """Build a backend from ``spec``.
 
@@ -62,25 +63,22 @@ def load_backend(
     - a path ending in ``.gguf``: :class:`LlamaBackend` (``FileNotFoundError`` naming the path if missing).
     - an existing directory or a hub id: :class:`HFBackend` (``device``/``dtype`` apply).
 
-    ``n_threads``/``n_ctx`` apply to llama.cpp backends.
+    ``n_threads``/``n_ctx`` apply to llama.cpp backends. ``batch_size``: a batched backend of that many
+    rows instead (:class:`LlamaBatchBackend` with ``n_ctx`` per row, or :class:`HFBatchBackend`).
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     if is_ngram_draft(spec):
         raise ValueError("'ngram' is prompt-lookup drafting, not a model: it has no backend (use load_pair)")
     if spec is None or (isinstance(spec, str) and spec.strip().lower() in _EMBEDDED_ALIASES):
-        from .llama import LlamaBackend
-
-        return LlamaBackend(embedded_model_path(role), n_ctx=n_ctx, n_threads=n_threads)
+        return _llama(embedded_model_path(role), n_ctx=n_ctx, n_threads=n_threads, batch_size=batch_size)
 
     text = os.fspath(spec)
     path = Path(text).expanduser()
     if text.lower().endswith(".gguf"):
         if not path.is_file():
             raise FileNotFoundError(f"{role} model file not found: {path}")
-        from .llama import LlamaBackend
-
-        return LlamaBackend(path, n_ctx=n_ctx, n_threads=n_threads)
+        return _llama(path, n_ctx=n_ctx, n_threads=n_threads, batch_size=batch_size)
     if path.is_file():
         raise ValueError(
             f"{role} model {text!r} is a file but not a .gguf; pass a .gguf file, a model directory or a hub id"
@@ -89,16 +87,28 @@ def load_backend(
         raise FileNotFoundError(f"{role} model directory not found: {path}")
     from .hf import HFBackend
 
-    return HFBackend(str(path) if path.is_dir() else text, device=device, dtype=dtype)
+    single = HFBackend(str(path) if path.is_dir() else text, device=device, dtype=dtype)
+    return single if batch_size is None else HFBatchBackend(single, batch_size=batch_size)
 
 
-def load_pair(settings: Any, need_draft: bool = True) -> tuple[Backend, Backend | None, int | None]:
+def _llama(path, *, n_ctx: int, n_threads: int | None, batch_size: int | None):
+    if batch_size is not None:
+        return LlamaBatchBackend(path, batch_size=batch_size, n_ctx=n_ctx, n_threads=n_threads)
+    from .llama import LlamaBackend
+
+    return LlamaBackend(path, n_ctx=n_ctx, n_threads=n_threads)
+
+
+def load_pair(settings: Any, need_draft: bool = True,
+              batch_size: int | None = None) -> tuple[Backend, Backend | None, int | None]:
     """``(target, draft or None, shared vocabulary width or None)`` from any object with ``target``,
     ``draft``, ``n_threads``, ``n_ctx``, ``device`` and ``dtype`` (a
     :class:`~verispec.settings.ModelSettings`, a bench/diagnose config or parsed CLI flags).
     Without ``need_draft`` only the target is loaded; with ``draft = "ngram"`` (prompt lookup, no
-    draft model) the draft is None too."""
-    kw = dict(n_threads=settings.n_threads, n_ctx=settings.n_ctx, device=settings.device, dtype=settings.dtype)
+    draft model) the draft is None too. ``batch_size``: batched backends of that many rows
+    (:mod:`verispec.models.batch`)."""
+    kw = dict(n_threads=settings.n_threads, n_ctx=settings.n_ctx, device=settings.device, dtype=settings.dtype,
+              batch_size=batch_size)
     target = load_backend(settings.target, role="target", **kw)
     if not need_draft or is_ngram_draft(settings.draft):
         return target, None, None
