@@ -347,17 +347,26 @@ class PerTokenRule(Rule):
         """Chain verification. ``p: [B, G+1, V]``, ``q: [B, G, V]``, ``draft: [B, G]`` ->
         ``(n_accepted: [B] int64 in [0, G], next_token: [B] int64)``."""
         p, q, draft = check_verify_inputs(p, q, draft)
-        batch, gamma = draft.shape
+        gamma = draft.shape[1]
         h = self.accept_prob_at(p[:, :gamma], q, draft)                      # [B, G]
-        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
-        accepted = u < h
-        n_accepted = accepted.long().cumprod(-1).sum(-1)                     # leading successes
-        fail_at = n_accepted.clamp(max=gamma - 1)
-        rows = torch.arange(batch, device=p.device)
-        residual = self.residual(p[rows, fail_at], q[rows, fail_at])         # [B, V], only where used
-        all_accepted = (n_accepted == gamma).unsqueeze(-1)
-        dist = torch.where(all_accepted, self.bonus(p[:, gamma]), residual)
-        return n_accepted, sample_categorical(dist, generator)
+        return run_chain(h, lambda rows, at: self.residual(p[rows, at], q[rows, at]), self.bonus(p[:, gamma]),
+                         generator)
+
+
+def run_chain(h: torch.Tensor, rejection_law, bonus: torch.Tensor,
+              generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain semantics shared by the per-token verifiers: ``h [B, G]`` the acceptance probability of
+    each drafted token; the leading successes are accepted (``u < h``, one uniform per position); the next
+    token comes from ``rejection_law(rows [B], fail_at [B]) -> [B, V]`` (the law after a rejection at
+    position ``fail_at``; computed for every row, used where a draft was rejected) or, when all ``G`` are
+    accepted, from ``bonus [B, V]``. ``-> (n_accepted [B], next_token [B])``."""
+    batch, gamma = h.shape
+    u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
+    n_accepted = (u < h).long().cumprod(-1).sum(-1)                         # leading successes
+    fail_at = n_accepted.clamp(max=gamma - 1)
+    residual = rejection_law(torch.arange(batch, device=h.device), fail_at)  # [B, V], only where used
+    dist = torch.where((n_accepted == gamma).unsqueeze(-1), bonus, residual)
+    return n_accepted, sample_categorical(dist, generator)
 
 
 class ExactTargetRule(PerTokenRule):

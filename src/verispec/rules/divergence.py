@@ -108,9 +108,8 @@ from verispec.rules.base import (
     normalize_or,
     positive_part,
     ratio,
-    sample_categorical,
+    run_chain,
     total_variation,
-    uniform,
 )
 
 LN2 = math.log(2.0)
@@ -333,17 +332,12 @@ class DivergenceGated(PerTokenRule):
         """Chain verification. ``p: [B, G+1, V]``, ``q: [B, G, V]``, ``draft: [B, G]``, and on ``on=raw``
         ``raw=(p_raw [B, G+1, V], q_raw [B, G, V])`` -> ``(n_accepted: [B] int64 in [0, G], next_token: [B])``."""
         p, q, draft = check_verify_inputs(p, q, draft)
-        batch, gamma = draft.shape
+        gamma = draft.shape[1]
         open_, sd = self.gate(p[:, :gamma], q, raw=self._drafted_raw(raw, p, gamma))         # [B, G] each
         idx = draft.unsqueeze(-1)
         h = self._h(p[:, :gamma].gather(-1, idx), q.gather(-1, idx), open_, sd)[..., 0]   # [B, G]
-        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
-        n_accepted = (u < h).long().cumprod(-1).sum(-1)                                 # leading successes
-        fail_at = n_accepted.clamp(max=gamma - 1)
-        rows = torch.arange(batch, device=p.device)
-        residual = self._residual(p[rows, fail_at], q[rows, fail_at], sd[rows, fail_at])  # [B, V]
-        dist = torch.where((n_accepted == gamma).unsqueeze(-1), self.bonus(p[:, gamma]), residual)
-        return n_accepted, sample_categorical(dist, generator)
+        return run_chain(h, lambda rows, at: self._residual(p[rows, at], q[rows, at], sd[rows, at]),
+                         self.bonus(p[:, gamma]), generator)
 
 
 def _check_pair_type(owner: str, raw: object) -> None:

@@ -51,8 +51,7 @@ from verispec.rules.base import (
     as_float,
     check_pair,
     check_verify_inputs,
-    sample_categorical,
-    uniform,
+    run_chain,
 )
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
@@ -195,15 +194,10 @@ class JudgeRule(PerTokenRule):
         ``q: [B, G, V]``, ``draft: [B, G]``, ``features: [B, G, H]`` or None ->
         ``(n_accepted: [B] int64 in [0, G], next_token: [B] int64)``."""
         p, q, draft = check_verify_inputs(p, q, draft)
-        batch, gamma = draft.shape
+        gamma = draft.shape[1]
         features = _check_features(features, draft.shape, "[B, G] of the draft")
         h = self.accept_prob_at(p[:, :gamma], q, draft, features)             # [B, G]
-        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
-        n_accepted = (u < h).long().cumprod(-1).sum(-1)                       # leading successes
-        rows = torch.arange(batch, device=p.device)
-        fail_at = n_accepted.clamp(max=gamma - 1)
-        dist = torch.where((n_accepted == gamma).unsqueeze(-1), p[:, gamma], p[rows, fail_at])
-        return n_accepted, sample_categorical(dist, generator)
+        return run_chain(h, lambda rows, at: p[rows, at], p[:, gamma], generator)
 
 
 def _check_features(features: torch.Tensor | None, lead: torch.Size, what: str) -> torch.Tensor | None:

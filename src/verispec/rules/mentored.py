@@ -110,8 +110,7 @@ from verispec.rules.base import (
     normalize_or,
     positive_part,
     ratio,
-    sample_categorical,
-    uniform,
+    run_chain,
 )
 
 #: Halvings of the ``log α`` bracket in budget mode.
@@ -296,14 +295,9 @@ class Mentored(PerTokenRule):
         """Chain verification. ``p: [B, G+1, V]``, ``q: [B, G, V]``, ``draft: [B, G]`` ->
         ``(n_accepted: [B] int64 in [0, G], next_token: [B] int64)``."""
         p, q, draft = check_verify_inputs(p, q, draft)
-        batch, gamma = draft.shape
+        gamma = draft.shape[1]
         alpha, beta = self.solve(p[:, :gamma], q)                                   # [B, G] each
         idx = draft.unsqueeze(-1)
         h = self._h(p[:, :gamma].gather(-1, idx), q.gather(-1, idx), alpha)[..., 0]   # [B, G]
-        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
-        n_accepted = (u < h).long().cumprod(-1).sum(-1)                            # leading successes
-        fail_at = n_accepted.clamp(max=gamma - 1)
-        rows = torch.arange(batch, device=p.device)
-        residual = self._residual(p[rows, fail_at], q[rows, fail_at], beta[rows, fail_at])   # [B, V]
-        dist = torch.where((n_accepted == gamma).unsqueeze(-1), self.bonus(p[:, gamma]), residual)
-        return n_accepted, sample_categorical(dist, generator)
+        return run_chain(h, lambda rows, at: self._residual(p[rows, at], q[rows, at], beta[rows, at]),
+                         self.bonus(p[:, gamma]), generator)

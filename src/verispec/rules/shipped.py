@@ -86,8 +86,8 @@ from verispec.rules.base import (
     check_pair,
     check_verify_inputs,
     normalize_or,
+    run_chain,
     sample_categorical,
-    uniform,
 )
 from verispec.rules.collaborative import CosWE
 
@@ -175,16 +175,10 @@ class _TargetOnlyRule(PerTokenRule):
         """Chain verification. ``p: [B, G+1, V]``, ``q: [B, G, V]``, ``draft: [B, G]`` ->
         ``(n_accepted [B], next_token [B])``; the correction removes the rejected token (the kernel)."""
         p, q, draft = check_verify_inputs(p, q, draft)
-        batch, gamma = draft.shape
+        gamma = draft.shape[1]
         h = self.accept_prob_at(p[:, :gamma], q, draft)                      # [B, G]
-        u = uniform(h.shape, generator, dtype=h.dtype, device=h.device)
-        n_accepted = (u < h).long().cumprod(-1).sum(-1)                       # leading successes
-        fail_at = n_accepted.clamp(max=gamma - 1)
-        rows = torch.arange(batch, device=p.device)
-        correction = self.rejection_law(p[rows, fail_at], draft[rows, fail_at])   # [B, V]
-        all_accepted = (n_accepted == gamma).unsqueeze(-1)
-        dist = torch.where(all_accepted, self.bonus(p[:, gamma]), correction)
-        return n_accepted, sample_categorical(dist, generator)
+        return run_chain(h, lambda rows, at: self.rejection_law(p[rows, at], draft[rows, at]),
+                         self.bonus(p[:, gamma]), generator)
 
 
 class SGLangThresholds(_TargetOnlyRule):
