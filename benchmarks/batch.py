@@ -31,6 +31,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.engine import tiny_qwen  # noqa: E402  (the same random models as the engine benchmark)
+
 from verispec.engine.batch import generate_batch, generate_target_only_batch  # noqa: E402
 from verispec.models.batch import BatchBackend, HFBatchBackend  # noqa: E402
 from verispec.models.hf import HFBackend  # noqa: E402
@@ -154,16 +156,6 @@ def gpu_rows(target_path: str, draft_path: str, *, device: str = "cuda", dtype: 
     done = {r["B"] for r in rows}
     if set(batch_sizes) - done:
         yield f"(time budget spent: skipped B = {sorted(set(batch_sizes) - done)})"
-
-
-def tiny_qwen(hidden: int, layers: int, seed: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=151_936, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True)
-    return Qwen2ForCausalLM(cfg).eval()
 
 
 def part_hf(args) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import verispec.rules as R
-from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 
 PER_TOKEN_SPECS = [
     "lossless",
@@ -41,16 +41,6 @@ CASES = pq_cases()
 N_SAMPLES = 40_000
 
 
-def _single_position(rule, p, q, n, seed, gamma=1):
-    """Run ``verify`` on n identical rows with drafts ~ q; return (emitted first tokens, accepted first)."""
-    gen = torch.Generator().manual_seed(seed)
-    qs = q.expand(n, gamma, -1).contiguous()
-    ps = p.expand(n, gamma + 1, -1).contiguous()
-    draft = torch.multinomial(q, n * gamma, replacement=True, generator=gen).view(n, gamma)
-    n_acc, nxt = rule.verify(ps, qs, draft, generator=gen)
-    first = torch.where(n_acc >= 1, draft[:, 0], nxt)
-    return first, n_acc >= 1
-
 
 @pytest.mark.parametrize("spec", PER_TOKEN_SPECS)
 def test_closed_form_matches_mechanism(spec):
@@ -72,7 +62,7 @@ def test_sampler_matches_induced_distribution(spec):
     """Empirical emitted law of ``verify`` vs ``induced`` (chi-square) and acceptance vs its rate (binomial)."""
     rule = R.get(spec)
     for i, (name, (p, q)) in enumerate(CASES.items()):
-        first, accepted = _single_position(rule, p, q, N_SAMPLES, seed=1000 + i)
+        first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=1000 + i)
         counts = np.bincount(first.numpy(), minlength=p.numel())
         pval = gof_pvalue(counts, rule.induced(p, q).numpy())
         assert pval > ALPHA, f"{spec} on {name}: emitted law differs from induced (p={pval:.2e})"
@@ -155,8 +145,8 @@ def test_ceiling_on_p_is_lenience(kappa):
         assert ceiling.acceptance_rate(p, q).item() == pytest.approx(lenience.acceptance_rate(p, q).item(), abs=1e-12)
     # Same randomness, same decisions.
     p, q = CASES["tail_overshoot"]
-    a = _single_position(ceiling, p, q, 5000, seed=3)
-    b = _single_position(lenience, p, q, 5000, seed=3)
+    a = single_position(ceiling, p, q, 5000, seed=3)
+    b = single_position(lenience, p, q, 5000, seed=3)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 

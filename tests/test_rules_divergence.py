@@ -12,7 +12,7 @@ from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy
 
 import verispec.rules as R
-from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 from verispec.rules.base import TAXONOMY
 from verispec.rules.divergence import (
     DIVERGENCES,
@@ -50,18 +50,6 @@ LOSSLESS_SPECS = ["fuzzy:T=0", "fuzzy:T=0,div=kl_pq", "fuzzy:T=0,div=tv", "kl_ju
 def _np(t):
     return t.numpy().astype(float)
 
-
-def _single_position(rule, p, q, n, seed, gamma=1, raw=None):
-    """``verify`` on n identical rows with drafts ~ q: (emitted first tokens, accepted first)."""
-    gen = torch.Generator().manual_seed(seed)
-    qs = q.expand(n, gamma, -1).contiguous()
-    ps = p.expand(n, gamma + 1, -1).contiguous()
-    draft = torch.multinomial(q, n * gamma, replacement=True, generator=gen).view(n, gamma)
-    kwargs = {}
-    if raw is not None:
-        kwargs["raw"] = (raw[0].expand(n, gamma + 1, -1).contiguous(), raw[1].expand(n, gamma, -1).contiguous())
-    n_acc, nxt = rule.verify(ps, qs, draft, generator=gen, **kwargs)
-    return torch.where(n_acc >= 1, draft[:, 0], nxt), n_acc >= 1
 
 
 # --- divergences ---------------------------------------------------------------------------------
@@ -188,7 +176,7 @@ def test_sampler_matches_induced_distribution(spec):
     """Emitted law of ``verify`` vs ``induced`` (chi-square) and acceptance vs its rate (binomial)."""
     rule = R.get(spec)
     for i, (name, (p, q)) in enumerate(CASES.items()):
-        first, accepted = _single_position(rule, p, q, N_SAMPLES, seed=2000 + i)
+        first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=2000 + i)
         counts = np.bincount(first.numpy(), minlength=p.numel())
         pval = gof_pvalue(counts, _np(rule.induced(p, q)))
         assert pval > ALPHA, f"{spec} on {name}: emitted law differs from induced (p={pval:.2e})"
@@ -200,10 +188,10 @@ def test_sampler_matches_induced_distribution(spec):
 def test_sampler_test_has_power():
     """Where the law is q (gate open) the emitted tokens are clearly not distributed as p, and vice versa."""
     p, q = CASES["dense"]
-    first, _ = _single_position(R.get("fuzzy:T=0.2"), p, q, N_SAMPLES, seed=11)     # open: law q
+    first, _, _ = single_position(R.get("fuzzy:T=0.2"), p, q, N_SAMPLES, seed=11)     # open: law q
     counts = np.bincount(first.numpy(), minlength=p.numel())
     assert gof_pvalue(counts, _np(q)) > ALPHA and gof_pvalue(counts, _np(p)) < 1e-12
-    first, _ = _single_position(R.get("fuzzy:T=0.1"), p, q, N_SAMPLES, seed=12)     # closed: law p
+    first, _, _ = single_position(R.get("fuzzy:T=0.1"), p, q, N_SAMPLES, seed=12)     # closed: law p
     counts = np.bincount(first.numpy(), minlength=p.numel())
     assert gof_pvalue(counts, _np(p)) > ALPHA and gof_pvalue(counts, _np(q)) < 1e-12
 
@@ -361,7 +349,8 @@ def test_kl_judge_raw_gate_reads_raw_confidence():
     assert torch.equal(R.get("kl_judge:tau=0.5").induced(p, q), p)
     rule = R.get("kl_judge:tau=0.5,on=raw")
     assert torch.equal(rule.induced(p, q, raw=r), q) and rule.acceptance_rate(p, q, raw=r).item() == 1.0
-    first, accepted = _single_position(rule, p, q, 5000, seed=4, raw=r)
+    raw_rows = (r[0].expand(5000, 2, -1), r[1].expand(5000, 1, -1))
+    first, accepted, _ = single_position(rule, p, q, 5000, seed=4, raw=raw_rows)
     assert bool(accepted.all())
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import verispec.rules as R
-from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 from verispec.rules.judge import JudgeRule, judges, register_judge, registered_judge, unregister_judge
 
 CASES = pq_cases()
@@ -39,13 +39,6 @@ def _registered():
     for name in ("half_max", "soft"):
         unregister_judge(name)
 
-
-def _single_position(rule, p, q, n, seed, features=None):
-    gen = torch.Generator().manual_seed(seed)
-    draft = torch.multinomial(q, n, replacement=True, generator=gen)[:, None]
-    kw = {} if features is None else {"features": features.expand(n, 1, -1)}
-    n_acc, nxt = rule.verify(p.expand(n, 2, -1), q.expand(n, 1, -1), draft, generator=gen, **kw)
-    return torch.where(n_acc >= 1, draft[:, 0], nxt), n_acc >= 1
 
 
 def test_indicator_judge_is_speccascade_exactly():
@@ -82,7 +75,8 @@ def test_sampler_matches_induced_law_and_acceptance(with_features):
     rule = R.get("judge:name=soft")
     feats = torch.tensor([0.3, -0.2, 1.0, 0.1], dtype=torch.float64) if with_features else None
     for i, (name, (p, q)) in enumerate(CASES.items()):
-        first, accepted = _single_position(rule, p, q, N_SAMPLES, seed=3000 + i, features=feats)
+        first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=3000 + i,
+                                              features=None if feats is None else feats.expand(N_SAMPLES, 1, -1))
         counts = np.bincount(first.numpy(), minlength=p.numel())
         pval = gof_pvalue(counts, rule.induced(p, q, features=feats).numpy())
         assert pval > ALPHA, f"{name}: emitted law differs from induced (p={pval:.2e})"
@@ -96,7 +90,7 @@ def test_features_reach_the_predicate_and_the_law_test_has_power():
     p, q = CASES["tail_overshoot"]
     on, off = torch.full((H,), 2.0, dtype=torch.float64), torch.full((H,), -2.0, dtype=torch.float64)
     assert rule.acceptance_rate(p, q, features=on) > rule.acceptance_rate(p, q, features=off) + 0.05
-    first, _ = _single_position(rule, p, q, N_SAMPLES, seed=5, features=on)
+    first, _, _ = single_position(rule, p, q, N_SAMPLES, seed=5, features=on.expand(N_SAMPLES, 1, -1))
     counts = np.bincount(first.numpy(), minlength=p.numel())
     assert gof_pvalue(counts, rule.induced(p, q, features=on).numpy()) > ALPHA
     assert gof_pvalue(counts, rule.induced(p, q, features=off).numpy()) < 1e-6
@@ -124,7 +118,7 @@ def test_greedy_rows_reject_to_the_argmax():
     """With one-hot p (temperature 0) a rejection emits argmax p, as both sources do."""
     rule = R.get("judge:name=soft")
     p, q = CASES["one_hot_p"]
-    first, accepted = _single_position(rule, p, q, 2000, seed=2)
+    first, accepted, _ = single_position(rule, p, q, 2000, seed=2)
     assert (first[~accepted] == 2).all() and (first[accepted] == 2).all()
 
 

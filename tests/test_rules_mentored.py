@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import verispec.rules as R
-from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 from verispec.rules.base import TAXONOMY, total_variation
 from verispec.rules.collaborative import CeilingOnTarget, Lenience, lossless_residual
 from verispec.rules.divergence import kl_divergence
@@ -48,15 +48,6 @@ def _random_pairs(n: int, v: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
         t /= t.sum(-1, keepdim=True)
     return p, q
 
-
-def _single_position(rule, p, q, n, seed, gamma=1):
-    """``verify`` on n identical rows with drafts ~ q: (emitted first tokens, accepted first)."""
-    gen = torch.Generator().manual_seed(seed)
-    qs = q.expand(n, gamma, -1).contiguous()
-    ps = p.expand(n, gamma + 1, -1).contiguous()
-    draft = torch.multinomial(q, n * gamma, replacement=True, generator=gen).view(n, gamma)
-    n_acc, nxt = rule.verify(ps, qs, draft, generator=gen)
-    return torch.where(n_acc >= 1, draft[:, 0], nxt), n_acc >= 1
 
 
 # --- closed form against the mechanism --------------------------------------------------------------
@@ -136,7 +127,7 @@ def test_sampler_matches_induced_distribution(spec):
     """Emitted law of ``verify`` vs ``induced`` (chi-square) and acceptance vs its rate (binomial)."""
     rule = R.get(spec)
     for i, (name, (p, q)) in enumerate(CASES.items()):
-        first, accepted = _single_position(rule, p, q, N_SAMPLES, seed=3000 + i)
+        first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=3000 + i)
         counts = np.bincount(first.numpy(), minlength=p.numel())
         pval = gof_pvalue(counts, _np(rule.induced(p, q)))
         assert pval > ALPHA, f"{spec} on {name}: emitted law differs from induced (p={pval:.2e})"
@@ -151,7 +142,7 @@ def test_sampler_test_has_power():
     p, q = CASES["peaked"]
     rule = R.get("mentored:D=0.3")
     alpha, _ = rule.solve(p, q)
-    first, accepted = _single_position(rule, p, q, N_SAMPLES, seed=21)
+    first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=21)
     counts = np.bincount(first.numpy(), minlength=p.numel())
     assert gof_pvalue(counts, _np(rule.induced(p, q))) > ALPHA
     assert gof_pvalue(counts, _np(p)) < 1e-12

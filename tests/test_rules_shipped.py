@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import verispec.rules as R
-from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 from verispec.rules.collaborative import CosWE
 from verispec.rules.shipped import SGLangThresholds, Strict, hf_ensemble
 from verispec.rules.tree import sampled_node_law, tree_node_law
@@ -29,15 +29,6 @@ LOSSLESS_SPECS = ["sglang", "sglang:single=1,acc=1", "strict"]
 CASES = pq_cases()
 N_SAMPLES = 40_000
 
-
-def _single_position(rule, p, q, n, seed, gamma=1):
-    """``verify`` on n identical rows with drafts ~ q -> (emitted first tokens, first accepted, drafts)."""
-    gen = torch.Generator().manual_seed(seed)
-    ps = p.expand(n, gamma + 1, -1).contiguous()
-    qs = q.expand(n, gamma, -1).contiguous()
-    draft = torch.multinomial(q, n * gamma, replacement=True, generator=gen).view(n, gamma)
-    n_acc, nxt = rule.verify(ps, qs, draft, generator=gen)
-    return torch.where(n_acc >= 1, draft[:, 0], nxt), n_acc >= 1, draft
 
 
 def _counts(tokens: torch.Tensor, v: int) -> np.ndarray:
@@ -65,7 +56,7 @@ def test_closed_form_matches_the_token_by_token_mechanism(spec):
 def test_sampler_matches_the_induced_distribution(spec):
     rule = R.get(spec)
     for i, (name, (p, q)) in enumerate(CASES.items()):
-        first, accepted, _ = _single_position(rule, p, q, N_SAMPLES, seed=2000 + i)
+        first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=2000 + i)
         pval = gof_pvalue(_counts(first, p.numel()), rule.induced(p, q).numpy())
         assert pval > ALPHA, f"{spec} on {name}: emitted law differs from induced (p={pval:.2e})"
         beta = rule.acceptance_rate(p, q).item()
@@ -77,7 +68,7 @@ def test_the_law_test_has_power_against_p_and_against_a_residual_correction():
     """The lossy SGLang sampler is told apart from p and from the reading 'correct with norm((p − q)_+)'."""
     rule = R.get("sglang:single=0.3,acc=0.5")
     p, q = CASES["tail_overshoot"]
-    first, _, _ = _single_position(rule, p, q, N_SAMPLES, seed=5)
+    first, _, _ = single_position(rule, p, q, N_SAMPLES, seed=5)
     counts = _counts(first, p.numel())
     assert gof_pvalue(counts, rule.induced(p, q).numpy()) > ALPHA
     assert gof_pvalue(counts, p.numpy()) < ALPHA
@@ -96,7 +87,7 @@ def test_a_rejected_draft_is_never_re_emitted(spec):
     c = int(p.argmax())
     q = torch.zeros_like(p)
     q[c] = 1.0
-    first, accepted, _ = _single_position(rule, p, q, N_SAMPLES, seed=9)
+    first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=9)
     rejected = first[~accepted]
     assert (rejected != c).all()
     rest = p.clone()
@@ -105,7 +96,7 @@ def test_a_rejected_draft_is_never_re_emitted(spec):
     assert binom_pvalue(int(accepted.sum()), N_SAMPLES, rule.accept_prob_at(p, q, torch.tensor(c)).item()) > ALPHA
     # with sampled drafts too: a rejection never emits the token that was drafted at that position
     p, q = CASES["dense"]
-    first, accepted, draft = _single_position(rule, p, q, N_SAMPLES, seed=10)
+    first, accepted, draft = single_position(rule, p, q, N_SAMPLES, seed=10)
     assert (first[~accepted] != draft[~accepted, 0]).all()
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import verispec.rules as R
-from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases
+from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 from verispec import sets
 from verispec.rules.truncation import BiLD, Relaxed, SpecCascade, Truncation, Typical
 from verispec.sampling import SamplingConfig
@@ -227,12 +227,6 @@ def test_closed_form_matches_mechanism_and_set_formula(spec):
         assert (rule.allowed(p) <= (p > 0)).all() or spec == "speccascade:p_base=0", (spec, name)
 
 
-def _single_position(rule, p, q, n, seed):
-    gen = torch.Generator().manual_seed(seed)
-    draft = torch.multinomial(q, n, replacement=True, generator=gen)[:, None]
-    n_acc, nxt = rule.verify(p.expand(n, 2, -1), q.expand(n, 1, -1), draft, generator=gen)
-    return torch.where(n_acc >= 1, draft[:, 0], nxt), n_acc >= 1
-
 
 @pytest.mark.parametrize("spec", [
     "truncation:top_k=3", "truncation:top_p=0.7", "truncation:prob_gap=0.2", "truncation:top_k=4,top_p=0.8",
@@ -241,7 +235,7 @@ def _single_position(rule, p, q, n, seed):
 def test_sampler_matches_induced_law_and_acceptance(spec):
     rule = R.get(spec)
     for i, (name, (p, q)) in enumerate(CASES.items()):
-        first, accepted = _single_position(rule, p, q, N_SAMPLES, seed=2000 + i)
+        first, accepted, _ = single_position(rule, p, q, N_SAMPLES, seed=2000 + i)
         counts = np.bincount(first.numpy(), minlength=p.numel())
         pval = gof_pvalue(counts, rule.induced(p, q).numpy())
         assert pval > ALPHA, f"{spec} on {name}: emitted law differs from induced (p={pval:.2e})"
@@ -252,7 +246,7 @@ def test_sampler_matches_induced_law_and_acceptance(spec):
 def test_the_law_test_has_power():
     """A wrong law (the same rule with a looser set) is rejected by the same chi-square test."""
     p, q = CASES["tail_overshoot"]
-    first, _ = _single_position(R.get("relaxed:top_k=3,delta=0.2"), p, q, N_SAMPLES, seed=7)
+    first, _, _ = single_position(R.get("relaxed:top_k=3,delta=0.2"), p, q, N_SAMPLES, seed=7)
     counts = np.bincount(first.numpy(), minlength=p.numel())
     assert gof_pvalue(counts, R.get("relaxed:top_k=3,delta=0.5").induced(p, q).numpy()) < 1e-6
 

@@ -96,3 +96,17 @@ def binom_pvalue(successes: int, n: int, prob: float) -> float:
     if prob >= 1:
         return 1.0 if successes == n else 0.0
     return float(stats.binomtest(successes, n, prob).pvalue)
+
+
+def single_position(rule, p: torch.Tensor, q: torch.Tensor, n: int, seed: int, gamma: int = 1, **verify_kwargs):
+    """``rule.verify`` on ``n`` identical rows (``p [V]`` at every one of the ``gamma + 1`` positions, ``q [V]``
+    at the ``gamma`` drafted ones) with drafts ~ ``q``; ``verify_kwargs`` (e.g. ``raw=``, ``features=``, already
+    shaped for the ``n`` rows; None values are left out) go to ``verify``.
+    -> ``(emitted first tokens [n], first draft accepted [n], drafts [n, gamma])``."""
+    gen = torch.Generator().manual_seed(seed)
+    qs = q.expand(n, gamma, -1).contiguous()
+    ps = p.expand(n, gamma + 1, -1).contiguous()
+    draft = torch.multinomial(q, n * gamma, replacement=True, generator=gen).view(n, gamma)
+    extra = {k: v for k, v in verify_kwargs.items() if v is not None}
+    n_acc, nxt = rule.verify(ps, qs, draft, generator=gen, **extra)
+    return torch.where(n_acc >= 1, draft[:, 0], nxt), n_acc >= 1, draft
