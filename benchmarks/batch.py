@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 import torch  # noqa: E402
 

@@ -4,25 +4,20 @@ Part 1 (embedded pair, llama.cpp): target-only tokens/s vs chain SD with each ru
 the share of wall time outside model calls; measured c (draft/target cost per token) and v(γ) (cost
 of verifying γ+1 tokens relative to one decoding step); the cost-model speedup BE/(γc + v(γ)).
 
-Part 2 (transformers backend, same models for both sides): our lossless SD vs transformers' own
-assisted generation (``assistant_model``) with a constant γ and with its default dynamic schedule,
-all sampling at temperature 1, reporting our tokens/s over theirs. Default models: small randomly
-initialised Qwen2-architecture models with the real 151,936-token vocabulary (``--hf-target`` /
-``--hf-draft`` take hub ids, directories, GGUF files dequantised by transformers, or
-``embedded-target`` / ``embedded-draft`` for the embedded pair).
+verispec against transformers' own assisted generation (same models on both sides) is
+``benchmarks/assisted.py``; ``tiny_qwen`` (small random Qwen2 models with the real vocabulary) is
+shared with ``benchmarks/batch.py``.
 
-Run: ``.venv/bin/python benchmarks/engine.py [--tokens N] [--gamma G] [--skip-llama] [--skip-hf]``.
+Run: ``.venv/bin/python benchmarks/engine.py [--tokens N] [--gamma G]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 import torch  # noqa: E402
 
@@ -83,87 +78,12 @@ def tiny_qwen(hidden: int, layers: int, seed: int):
     return Qwen2ForCausalLM(cfg).eval()
 
 
-def part_hf(args) -> None:
-    from transformers import GenerationConfig
-
-    from verispec.models.hf import HFBackend
-
-    if args.hf_target:
-        from pathlib import Path
-
-        from transformers import AutoModelForCausalLM
-
-        def load(spec: str):
-            if spec == "embedded-target" or spec == "embedded-draft":
-                from verispec.models import embedded_model_path
-
-                spec = str(embedded_model_path(spec.split("-")[1]))
-            if spec.endswith(".gguf"):   # dequantised to float32 by transformers
-                path = Path(spec)
-                return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-            return AutoModelForCausalLM.from_pretrained(spec).eval()
-
-        target_model, draft_model = load(args.hf_target), load(args.hf_draft)
-        label = f"{args.hf_target} / {args.hf_draft}"
-    else:
-        target_model, draft_model = tiny_qwen(256, 6, 1), tiny_qwen(128, 2, 1)
-        label = "random Qwen2 (hidden 256 x 6 layers / 128 x 2), V=151,936"
-    class Untokenized(HFBackend):
-        """Random models have no tokenizer; the timing needs none (text is not looked at)."""
-
-        def detokenize(self, ids):
-            return ""
-
-    target = Untokenized(target_model)
-    draft = Untokenized(draft_model)
-    prompt = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
-    ids = prompt[0].tolist()
-    sampling = SamplingConfig.parse("temperature=1")
-    n = args.tokens
-
-    width = min(target.vocab_size, draft.vocab_size)
-    ours, constant, dynamic = [], [], []
-    for rep in range(args.repeats):
-        t = time.perf_counter()
-        r = generate(target, draft, ids, rule="lossless", sampling=sampling, gamma=args.gamma, max_new_tokens=n,
-                     seed=rep, vocab_width=width)
-        ours.append((r.stats.new_tokens, time.perf_counter() - t, r.stats.block_efficiency))
-        for schedule, sink in (("constant", constant), ("heuristic", dynamic)):
-            # constant: γ drafts every step, as ours; heuristic: transformers' default dynamic schedule
-            # (γ grows by 2 after a fully accepted block, shrinks by 1 otherwise) and confidence stop
-            extra = ({"num_assistant_tokens": args.gamma, "assistant_confidence_threshold": 0.0}
-                     if schedule == "constant" else {})
-            gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
-                                  min_new_tokens=n, num_assistant_tokens_schedule=schedule, **extra)
-            torch.manual_seed(rep)
-            t = time.perf_counter()
-            out = target_model.generate(prompt, generation_config=gc, assistant_model=draft_model,
-                                        attention_mask=torch.ones_like(prompt))
-            sink.append((out.shape[1] - prompt.shape[1], time.perf_counter() - t))
-    ours_tps = statistics.median(tok / s for tok, s, _ in ours)
-    print(f"\n== transformers backend, {label}, lossless γ={args.gamma}, {n} new tokens, median of {args.repeats}")
-    ours_be = statistics.median(be for *_, be in ours)
-    print(f"verispec generate (HFBackend)                  {ours_tps:8.2f} tok/s   (BE {ours_be:.2f})")
-    for name, runs in (("constant γ", constant), ("default dynamic schedule", dynamic)):
-        tps = statistics.median(tok / s for tok, s in runs)
-        print(f"transformers assisted, {name:24} {tps:8.2f} tok/s   ours / theirs {ours_tps / tps:5.2f}x")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--skip-llama", action="store_true")
-    ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--hf-target", default=None)
-    ap.add_argument("--hf-draft", default=None)
-    args = ap.parse_args()
-    if not args.skip_llama:
-        part_llama(args)
-    if not args.skip_hf:
-        part_hf(args)
+    part_llama(ap.parse_args())
 
 
 if __name__ == "__main__":

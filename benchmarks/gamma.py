@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.models import load_pair  # noqa: E402

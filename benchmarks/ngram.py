@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 from verispec.bench.datasets import load_problems  # noqa: E402
 from verispec.engine import generate, generate_target_only  # noqa: E402

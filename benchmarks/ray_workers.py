@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 from verispec.bench import runner  # noqa: E402
 from verispec.bench.store import ResultStore  # noqa: E402

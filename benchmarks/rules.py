@@ -21,9 +21,9 @@ import functools
 import statistics
 import time
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 import torch  # noqa: E402
 

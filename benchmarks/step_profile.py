@@ -2,7 +2,8 @@
 
 Generates with lossless chain SD on the embedded pair under ``cProfile`` and prints, per step: the
 draft forwards, the target forward, the sampling pipeline (draft and target rows), the rule, and the
-rest (Python bookkeeping, detokenisation), then the functions outside model calls that cost most.
+rest (Python bookkeeping, detokenisation), the page faults (see :mod:`verispec.runtime`), then the
+functions outside model calls that cost most.
 
     .venv/bin/python benchmarks/step_profile.py [--gamma 3] [--tokens 96] [--tree SPEC]
 """
@@ -12,10 +13,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import resource
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 from verispec.engine import generate  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
@@ -42,13 +44,15 @@ def main(argv=None) -> int:
     kw = dict(rule="lossless", sampling=sampling, gamma=args.gamma, tree=args.tree, vocab_width=width)
     generate(target, draft, ids, max_new_tokens=16, **kw)          # warm-up
     prof = cProfile.Profile()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     prof.enable()
     res = generate(target, draft, ids, max_new_tokens=args.tokens, seed=1, **kw)
     prof.disable()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     st = res.stats
     steps = max(1, sum(st.gamma_hist))
     print(f"{st.new_tokens} tokens, {steps} steps, BE {st.block_efficiency:.2f}, {st.tokens_per_s:.2f} tok/s "
-          f"({args.tree or f'chain γ={args.gamma}'}, {args.sampling})")
+          f"({args.tree or f'chain γ={args.gamma}'}, {args.sampling}), {faults / steps:.0f} page faults per step")
     parts = [("draft forwards", st.draft_s), ("target forward", st.verify_s),
              ("sampling pipelines + rule", st.rule_s),
              ("rest (bookkeeping)", st.wall_s - st.draft_s - st.verify_s - st.rule_s)]

@@ -18,9 +18,9 @@ import random
 import statistics
 import time
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 from verispec.models.embedded import embedded_model_path  # noqa: E402
 from verispec.models.llama import LlamaBackend  # noqa: E402

@@ -17,9 +17,9 @@ import argparse
 import statistics
 import time
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()
+tune_process()
 
 from verispec.engine import generate, generate_target_only  # noqa: E402
 from verispec.engine.tree import TreeSpec  # noqa: E402

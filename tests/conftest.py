@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
-tune_openmp()  # before the test modules import torch (see verispec.runtime)
+tune_process()  # before the test modules import torch (see verispec.runtime)
 
 from tests.helpers.tiny_hf import tiny_char_tokenizer, tiny_hf_model  # noqa: E402
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
+import time
 
 import numpy as np
 import pytest
@@ -75,7 +77,7 @@ def test_the_issue_machines():
 
 
 def test_policy_learns_acceptance_and_explores_only_where_drafting_can_pay():
-    pol = AutoGamma(XEON, prior_alpha=0.5, prior_weight=4, explore_every=3)
+    pol = AutoGamma(XEON, prior_alpha=0.5, prior_weight=4, explore_every=3, optimism=0.0)
     assert [pol.next() for _ in range(6)] == [0, 0, 1, 0, 0, 1]  # α = 0.5: plain steps, exploring
     for _ in range(40):
         pol.update(1, 1)  # every explored draft accepted
@@ -87,6 +89,25 @@ def test_policy_learns_acceptance_and_explores_only_where_drafting_can_pay():
     assert [never.next() for _ in range(20)] == [0] * 20
     with pytest.raises(ValueError, match="prior_alpha"):
         AutoGamma(XEON, prior_alpha=1.0)
+    with pytest.raises(ValueError, match="optimism"):
+        AutoGamma(XEON, optimism=-1.0)
+
+
+def test_optimism_drafts_while_acceptance_is_uncertain_and_fades_with_evidence():
+    """The default prior α = 0.7, where the mean says "do not draft" on the Xeon profile: the optimistic
+    policy drafts from the first step, keeps drafting when drafts are accepted, and falls back to
+    plain steps once enough rejections make even the optimistic α too low; its bonus is the posterior sd."""
+    pol = AutoGamma(XEON)
+    assert best_gamma(XEON, pol.alpha) == 0 and pol.next() == 3
+    assert pol.alpha_upper == pytest.approx(0.7 + (0.21 / 5) ** 0.5)
+    for _ in range(30):
+        pol.update(3, 3)
+    assert pol.next() == 3
+    for _ in range(60):
+        pol.update(0, 3)
+    assert pol.alpha < pol.alpha_upper < 0.8 and pol.next() == 0  # γ = 3 pays from α ≈ 0.85 on this profile
+    shy = AutoGamma(XEON, optimism=0.0)
+    assert shy.next() == 0 and shy.alpha_upper == shy.alpha
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -285,3 +306,40 @@ def test_draft_stop_auto_in_the_engine():
                  draft_stop="auto")
     with pytest.raises(ValueError, match="'auto'"):
         generate(target, draft, [1], rule="lossless", sampling=T1, gamma=3, max_new_tokens=3, draft_stop="soon")
+
+
+class _SlowLM(FakeLM):
+    """A FakeLM whose every forward takes at least ``delay`` seconds: model time the overhead must exclude."""
+
+    def __init__(self, *a, delay: float, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.delay = delay
+
+    def forward(self, tokens, *, all_logits=True):
+        time.sleep(self.delay)
+        return super().forward(tokens, all_logits=all_logits)
+
+    def forward_tree(self, tokens, parents):
+        time.sleep(self.delay)
+        return super().forward_tree(tokens, parents)
+
+
+def test_measured_overheads_exclude_model_time_and_enter_the_step_cost():
+    target, draft = _SlowLM(vocab=6, seed=1, delay=0.02), _SlowLM(vocab=6, seed=2, delay=0.01)
+    prof = measure_profile(target, draft, [0, 1, 2], g_max=4, repeats=3)
+    assert target.n_cached == 3 and draft.n_cached == 3   # both caches hold the prompt again
+    assert prof.target_token >= 0.02 and prof.draft_token >= 0.01
+    (o_a, o_b), plain = prof.step_overhead, prof.plain_overhead
+    # the sleeps are model time: what is left per step is the engine's own work, a few ms here
+    assert 0 < plain < 0.01 and 0 <= o_a + 4 * o_b < 0.01
+    for g, alpha in [(1, 0.5), (4, 0.9)]:
+        full = alpha**g
+        draft_s = (g - 1) * prof.draft_token + full * prof.draft_pair + (1 - full) * prof.draft_token
+        want = (draft_s + o_a + o_b * g + prof.target_block[g]) / prof.target_token
+        assert prof.step_cost(g, alpha) == pytest.approx(want)
+    assert prof.step_cost(0) == pytest.approx(1 + plain / prof.target_token)
+    assert CostProfile.from_json(json.loads(json.dumps(prof.to_json()))) == prof
+    with pytest.raises(ValueError, match="step_overhead"):
+        dataclasses.replace(prof, step_overhead=(-1.0, 0.0))
+    with pytest.raises(ValueError, match="plain_overhead"):
+        dataclasses.replace(prof, plain_overhead=-1.0)

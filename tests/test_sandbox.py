@@ -279,7 +279,7 @@ def test_unix_socket_on_the_host_is_unreachable(info):
     os.chmod(path, 0o777)
     srv.listen(1)
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    name = f"\\0verispec-sbx-test-{os.getpid()}"
+    name = f"\0verispec-sbx-test-{os.getpid()}"  # a NUL first: the abstract namespace, no file
     abstract.bind(name)
     abstract.listen(1)
     try:

@@ -17,7 +17,7 @@ import json
 import sys
 
 from verispec import __version__, flags
-from verispec.runtime import tune_openmp
+from verispec.runtime import tune_process
 
 
 def cmd_demo(args) -> int:
@@ -160,6 +160,10 @@ def cmd_calibrate(args) -> int:
     pair = prof.draft_pair or prof.draft_token
     print(f"draft forward of 1 / 2 tokens {1e3 * prof.draft_token:.1f} / {1e3 * pair:.1f} ms, target token "
           f"{1e3 * prof.target_token:.1f} ms, c = {prof.c:.3f}, sampling per row {1e3 * prof.row_s:.2f} ms")
+    if prof.step_overhead is not None:
+        o_a, o_b = prof.step_overhead
+        print(f"outside the model forwards: {1e3 * o_a:.2f} + {1e3 * o_b:.2f}·γ ms per SD step, "
+              f"{1e3 * (prof.plain_overhead or 0.0):.2f} ms per target-only step")
     print("v(γ) = " + ", ".join(f"{g}: {prof.v(g):.2f}" for g in range(1, prof.g_max + 1)))
     alphas = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
     print("best γ by per-position acceptance α: " + ", ".join(
@@ -222,7 +226,7 @@ def _add_bench_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    tune_openmp()  # before anything imports torch
+    tune_process()  # before anything imports torch
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

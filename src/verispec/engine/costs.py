@@ -2,15 +2,19 @@
 
 A :class:`CostProfile` holds the median seconds of one draft forward of one token and of two
 tokens, one target forward of ``g + 1`` tokens for every ``g`` up to ``g_max`` (``g = 0``: a plain
-decoding step), and of the work per logits row outside the models (sampling pipeline and draw).
-In units of a target decoding step (``t``) that is the cost model of speculative decoding,
+decoding step), and the engine's own work per step outside the model forwards (sampling pipelines,
+the rule, bookkeeping). In units of a target decoding step (``t``) that is the cost model of
+speculative decoding,
 
-    cost(g) = [(g − 1)·d₁ + α^g·d₂ + (1 − α^g)·d₁ + T(g) + (2g + 1)·r] / t,   cost(0) = 1 + r / t,
+    cost(g) = [(g − 1)·d₁ + α^g·d₂ + (1 − α^g)·d₁ + T(g) + o(g)] / t,   cost(0) = 1 + o₀ / t,
 
 where the draft's first forward of a step also feeds the token it has not seen when the previous
-block was accepted whole (probability ``α^g``, two tokens ``d₂``), and ``2g + 1`` rows pass the
-sampling pipeline (``g`` draft rows, ``g + 1`` target rows).  With ``α`` left out (and ``r = 0``,
-``d₂ = d₁``) this is the textbook ``γ·c + v(γ)`` (Leviathan et al. 2023).
+block was accepted whole (probability ``α^g``, two tokens ``d₂``), and ``o(g) = o_a + o_b·g`` is the
+time of an SD step drafting ``g`` tokens spent outside the draft's and the target's forwards
+(``o₀``: a target-only step's), measured on short real generations (:func:`measure_profile`;
+profiles without it fall back to ``(2g + 1)`` rows of one pipeline row's time ``r``, and ``r`` for a
+plain step).  With ``α`` and ``o`` left out (``d₂ = d₁``) this is the textbook ``γ·c + v(γ)``
+(Leviathan et al. 2023).
 
 :func:`measure_profile` measures it after a prefill (:func:`measure_costs`, the same timing for one
 fixed γ); :func:`cached_profile` returns the profile stored for this machine and model pair
@@ -39,7 +43,7 @@ from verispec.models.embedded import default_cache_dir
 
 _log = logging.getLogger("verispec.costs")
 #: Version of the cached file's layout; a file of another version is re-measured.
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 DEFAULT_G_MAX = 8
 
 
@@ -48,13 +52,17 @@ class CostProfile:
     """Median seconds per call: ``target_block[g]`` is one target forward of ``g + 1`` tokens
     (``g = 0 .. g_max``; ``target_block[0]`` is the plain one-token step); ``draft_pair`` a draft
     forward of two tokens (default: ``draft_token``); ``row_s`` the sampling pipeline and draw of
-    one logits row (default 0)."""
+    one logits row (default 0); ``step_overhead`` ``(o_a, o_b)``: seconds of an SD step drafting ``g``
+    tokens outside the model forwards, ``o_a + o_b·g``, and ``plain_overhead`` a target-only step's
+    (None: ``(2g + 1)·row_s`` and ``row_s``)."""
 
     draft_token: float
     target_block: tuple[float, ...]
     identity: str = ""  # what was measured (machine, threads, models), for the reader
     draft_pair: float | None = None
     row_s: float = 0.0
+    step_overhead: tuple[float, float] | None = None
+    plain_overhead: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.target_block) < 2:
@@ -62,6 +70,10 @@ class CostProfile:
         if self.draft_token <= 0 or any(t <= 0 for t in self.target_block) or self.row_s < 0 or (
                 self.draft_pair is not None and self.draft_pair <= 0):
             raise ValueError(f"cost profile times must be positive, got {self}")
+        if self.step_overhead is not None and (len(self.step_overhead) != 2 or min(self.step_overhead) < 0):
+            raise ValueError(f"step_overhead must be two seconds >= 0 (o_a, o_b), got {self.step_overhead}")
+        if self.plain_overhead is not None and self.plain_overhead < 0:
+            raise ValueError(f"plain_overhead must be >= 0, got {self.plain_overhead}")
 
     @property
     def g_max(self) -> int:
@@ -83,13 +95,16 @@ class CostProfile:
     def step_cost(self, g: int, alpha: float | None = None) -> float:
         """Cost of a step that drafts ``g`` tokens and verifies them, in target decoding steps (see
         the module docstring; ``alpha``: per-position acceptance, for the draft's catch-up)."""
-        r = self.row_s / self.target_token
         if g == 0:
-            return 1.0 + r
+            return 1.0 + (self.row_s if self.plain_overhead is None else self.plain_overhead) / self.target_token
         pair = self.draft_token if self.draft_pair is None else self.draft_pair
         full = 0.0 if alpha is None else alpha ** g
         draft = (g - 1) * self.draft_token + full * pair + (1.0 - full) * self.draft_token
-        return draft / self.target_token + self.v(g) + (2 * g + 1) * r
+        if self.step_overhead is None:
+            other = (2 * g + 1) * self.row_s
+        else:
+            other = self.step_overhead[0] + self.step_overhead[1] * g
+        return (draft + other) / self.target_token + self.v(g)
 
     def speedup(self, tokens: float, cost: float) -> float:
         """Modelled speedup over target-only sampling of ``tokens`` emitted at ``cost`` (in target
@@ -111,9 +126,12 @@ class CostProfile:
         if d.get("version") != PROFILE_VERSION:
             raise ValueError(f"cost profile version {d.get('version')!r}, expected {PROFILE_VERSION}")
         pair = d.get("draft_pair")
+        over, plain = d.get("step_overhead"), d.get("plain_overhead")
         return cls(draft_token=float(d["draft_token"]), target_block=tuple(float(t) for t in d["target_block"]),
                    identity=str(d.get("identity", "")), draft_pair=None if pair is None else float(pair),
-                   row_s=float(d.get("row_s", 0.0)))
+                   row_s=float(d.get("row_s", 0.0)),
+                   step_overhead=None if over is None else (float(over[0]), float(over[1])),
+                   plain_overhead=None if plain is None else float(plain))
 
 
 def _forward_medians(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, draft_sizes: Sequence[int],
@@ -153,14 +171,48 @@ def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], ga
 def measure_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], g_max: int = DEFAULT_G_MAX,
                     repeats: int = 5) -> CostProfile:
     """Median seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
-    tokens, measured after a prefill of ``prompt_ids`` (both caches are left holding the prompt),
-    and of one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw."""
+    tokens, measured after a prefill of ``prompt_ids`` (both caches are left holding the prompt), of
+    one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw, and
+    the engine's time per step outside the model forwards (:func:`measure_overheads`)."""
     if g_max < 1:
         raise ValueError(f"g_max must be >= 1, got {g_max}")
     drafts, targets = _forward_medians(target, draft, prompt_ids, draft_sizes=(1, 2),
                                        target_sizes=range(1, g_max + 2), repeats=repeats)
+    step, plain = measure_overheads(target, draft, prompt_ids)
     return CostProfile(draft_token=drafts[1], target_block=tuple(targets[n] for n in range(1, g_max + 2)),
-                       draft_pair=drafts[2], row_s=_row_seconds(int(target.vocab_size), repeats))
+                       draft_pair=drafts[2], row_s=_row_seconds(int(target.vocab_size), repeats),
+                       step_overhead=step, plain_overhead=plain)
+
+
+#: the sampling of the overhead runs (the pipeline most runs use: temperature, top-k, top-p)
+_OVERHEAD_SAMPLING = "temperature=0.7,top_k=20,top_p=0.8"
+
+
+def measure_overheads(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, tokens: int = 12,
+                      gammas: tuple[int, int] = (1, 4)) -> tuple[tuple[float, float], float]:
+    """``((o_a, o_b), o₀)``: seconds per step spent outside the model forwards (the generation's wall
+    time less its draft and target forward time, over its target calls), from short real generations
+    of ``prompt_ids``: lossless chain SD at the two ``gammas`` (``o_a + o_b·g`` fitted through both,
+    clipped at 0) and target-only sampling (``o₀``). Both caches are left holding the prompt."""
+    from verispec.engine.generate import generate, generate_target_only
+    from verispec.models import check_compatible
+    from verispec.sampling import SamplingConfig
+
+    sampling = SamplingConfig.parse(_OVERHEAD_SAMPLING)
+    width = check_compatible(target, draft)
+
+    def per_step(stats) -> float:
+        return stats.other_s / max(stats.target_calls, 1)
+
+    plain = per_step(generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=tokens,
+                                          vocab_width=width).stats)
+    lo, hi = gammas
+    o_lo, o_hi = (per_step(generate(target, draft, prompt_ids, rule="lossless", sampling=sampling, gamma=g,
+                                    max_new_tokens=tokens, vocab_width=width).stats) for g in gammas)
+    slope = max((o_hi - o_lo) / (hi - lo), 0.0)
+    for backend in (target, draft):   # leave the caches as _forward_medians does: the prompt
+        backend.rollback(min(backend.n_cached, len(prompt_ids)))
+    return (max(o_lo - slope * lo, 0.0), slope), plain
 
 
 def _row_seconds(vocab: int, repeats: int) -> float:

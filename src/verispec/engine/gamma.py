@@ -8,11 +8,16 @@ expected tokens per unit of time,
 where ``cost`` is the machine's :class:`~verispec.engine.costs.CostProfile` (``g·c + v(g)`` plus the
 draft's catch-up and the work per logits row outside the models) and ``α``
 is the per-position acceptance of *this* generation so far (accepted / verified draft positions,
-shrunk towards a prior of ``prior_alpha`` worth ``prior_weight`` positions).  The i.i.d.-acceptance
-model behind ``E[tokens | g]`` is the one of Leviathan et al. (2023, eq. 1).  ``g = 0`` -- a plain
-target step, no draft -- is chosen when no ``g >= 1`` beats it (``1 / v(0) = 1`` token per step);
-since such a step teaches nothing about α, every ``explore_every``-th consecutive plain step drafts
-one token instead -- unless drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)``
+shrunk towards a prior of ``prior_alpha`` worth ``prior_weight`` positions), taken optimistically:
+the choice reads ``α + optimism · sd``, the Beta posterior's mean plus ``optimism`` standard
+deviations (``sd² = α(1 − α)/(n + 1)`` after ``n`` positions, prior included). Early in a generation,
+when α is barely known, this drafts where drafting *may* pay and so measures α; the bonus shrinks as
+positions are verified, and the choice tends to the plain argmax (optimism in the face of
+uncertainty, as in UCB bandits).  The i.i.d.-acceptance model behind ``E[tokens | g]`` is the one
+of Leviathan et al. (2023, eq. 1).  ``g = 0`` -- a plain target step, no draft -- is chosen when no
+``g >= 1`` beats it (``1 / v(0) = 1`` token per step); since such a step teaches nothing about α
+(the optimistic α does not move), every ``explore_every``-th consecutive plain step drafts one
+token instead -- unless drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)``
 for every ``g``: the draft is too slow for its target on this machine), where every step is plain.
 
 **Per token** (``by_confidence=True``, ``--draft-stop auto``): within a step the draft keeps drafting
@@ -34,6 +39,7 @@ longer drafts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from verispec.engine.costs import CostProfile
@@ -62,6 +68,8 @@ class AutoGamma:
     prior_alpha: float = 0.7
     prior_weight: float = 4.0
     explore_every: int = 8
+    #: posterior standard deviations added to α for the choice of γ (0: the posterior mean)
+    optimism: float = 1.0
     by_confidence: bool = False
     #: with ``by_confidence``: every step drafts up to this many tokens instead of the cost model's γ
     fixed: int | None = None
@@ -77,8 +85,8 @@ class AutoGamma:
     def __post_init__(self) -> None:
         if not 0.0 < self.prior_alpha < 1.0:
             raise ValueError(f"prior_alpha must lie in (0, 1), got {self.prior_alpha}")
-        if self.prior_weight < 0 or self.explore_every < 1:
-            raise ValueError("prior_weight must be >= 0 and explore_every >= 1")
+        if self.prior_weight < 0 or self.explore_every < 1 or self.optimism < 0:
+            raise ValueError("prior_weight and optimism must be >= 0 and explore_every >= 1")
         self.g_max = self.profile.g_max if self.g_max is None else min(int(self.g_max), self.profile.g_max)
         if self.g_max < 1:
             raise ValueError(f"g_max must be >= 1, got {self.g_max}")
@@ -89,13 +97,19 @@ class AutoGamma:
         """Current estimate of the per-position acceptance."""
         return (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
 
+    @property
+    def alpha_upper(self) -> float:
+        """The optimistic acceptance that chooses γ: ``alpha`` plus ``optimism`` posterior standard deviations."""
+        a, n = self.alpha, self.verified + self.prior_weight
+        return min(a + self.optimism * math.sqrt(a * (1.0 - a) / (n + 1.0)), 1.0)
+
     def next(self) -> int:
         """Draft length for the next step (0: a plain target step); with ``by_confidence`` the most the
         step may draft (:meth:`keep_drafting` stops it earlier)."""
         if self.fixed is not None:
             self.chosen.append(self.fixed)
             return self.fixed
-        g = best_gamma(self.profile, self.alpha, self.g_max)
+        g = best_gamma(self.profile, self.alpha_upper, self.g_max)
         if self.by_confidence and g > 0:
             g = self.g_max
         if g == 0:
