@@ -73,7 +73,7 @@ def test_the_issue_machines():
     """On the issue's Xeon γ≈3 pays at high acceptance; on this session's AMD VM drafting never pays."""
     assert best_gamma(XEON, 0.9) == 3 and best_gamma(XEON, 0.5) == 0
     assert all(best_gamma(AMD, a) == 0 for a in (0.5, 0.9, 0.99, 1.0))
-    assert AutoGamma(AMD).can_pay is False and AutoGamma(XEON).can_pay is True
+    assert not AutoGamma(AMD).can_pay() and AutoGamma(XEON).can_pay()
 
 
 def test_policy_learns_acceptance_and_explores_only_where_drafting_can_pay():
@@ -166,6 +166,63 @@ def test_cost_model_speedup_counts_the_steps_taken():
     if out.stats.gamma_hist[0] == 0:
         assert out.stats.cost_model_speedup == pytest.approx(XEON.call_costs(3).speedup(out.stats.block_efficiency))
 
+
+
+class _FeedLog(FakeLM):
+    """A FakeLM that records how many tokens each forward feeds."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.feeds: list[int] = []
+
+    def forward(self, tokens, **kw):
+        self.feeds.append(len(tokens))
+        return super().forward(tokens, **kw)
+
+    def forward_tree(self, tokens, parents):
+        self.feeds.append(len(tokens))
+        return super().forward_tree(tokens, parents)
+
+
+class _UnseenLog(AutoGamma):
+    """An AutoGamma that records the ``unseen`` the engine tells it and the draft length it chose."""
+
+    def next(self, unseen=None):
+        g = super().next(unseen)
+        self.told = [*getattr(self, "told", []), (unseen, g)]
+        return g
+
+
+def test_engine_tells_the_policy_the_drafts_catch_up_and_models_each_step_with_it():
+    """After plain steps the draft's first forward feeds every token it missed: the engine passes that
+    count to the policy, it is exactly what the draft is fed, and the modelled speedup charges it."""
+    prof = dataclasses.replace(XEON, draft_pair=1.8 * XEON.draft_token)   # a fed token costs 0.8 of a draft step
+    target, draft = FakeLM(vocab=4, seed=1), _FeedLog(vocab=4, seed=2)
+    pol = _UnseenLog(prof, prior_alpha=0.5, explore_every=3, optimism=0.0)
+    out = generate(target, draft, [0, 1], rule="lossless", sampling=T1, gamma=pol, max_new_tokens=60, seed=3,
+                   costs=prof)
+    told = pol.told
+    assert len(told) == sum(out.stats.gamma_hist) and {0, 1} <= {g for _, g in told}
+    assert max(u for u, g in told if g) >= 3   # a catch-up after a plain run
+    # the prefill fed the prompt's first token; every drafted step then feeds its unseen tokens, then
+    # one token per further draft (the last step drafts at most what the token budget leaves)
+    body = [f for u, g in told[:-1] if g for f in [u] + [1] * (g - 1)]
+    assert draft.feeds[: 1 + len(body)] == [1, *body]
+    (u_last, _), g_last = told[-1], len(draft.feeds) - 1 - len(body)
+    assert g_last == 0 or draft.feeds[1 + len(body)] == u_last
+    modelled = sum(prof.step_cost(g, unseen=u) for u, g in told[:-1]) + prof.step_cost(g_last, unseen=u_last)
+    assert out.stats.cost_model_speedup == pytest.approx(out.stats.new_tokens * prof.step_cost(0) / modelled)
+    assert prof.draft_feed(5) == pytest.approx(prof.draft_token * (1 + 4 * 0.8))
+
+
+def test_exploring_stops_where_the_catch_up_cannot_be_repaid():
+    """Drafting pays barely at α → 1 after an accepted block (2 tokens to feed), not after 3 plain steps."""
+    prof = CostProfile(draft_token=0.3, target_block=tuple(1 + 0.6 * g for g in range(9)), draft_pair=0.9)
+    assert AutoGamma(prof).can_pay() and AutoGamma(prof).can_pay(2) and not AutoGamma(prof).can_pay(3)
+    told = AutoGamma(prof, prior_alpha=0.5, explore_every=3, optimism=0.0)
+    assert [told.next(u) for u in range(1, 8)] == [0] * 7
+    blind = AutoGamma(prof, prior_alpha=0.5, explore_every=3, optimism=0.0)
+    assert [blind.next() for _ in range(6)] == [0, 0, 1, 0, 0, 1]
 
 # ------------------------------------------------------------------------------ the cached profile
 def test_profile_is_measured_once_and_cached(tmp_path, caplog):
@@ -334,7 +391,8 @@ def test_measured_overheads_exclude_model_time_and_enter_the_step_cost():
     assert 0 < plain < 0.01 and 0 <= o_a + 4 * o_b < 0.01
     for g, alpha in [(1, 0.5), (4, 0.9)]:
         full = alpha**g
-        draft_s = (g - 1) * prof.draft_token + full * prof.draft_pair + (1 - full) * prof.draft_token
+        pair = max(prof.draft_pair, prof.draft_token)   # a pair measured faster than one token: one token
+        draft_s = (g - 1) * prof.draft_token + full * pair + (1 - full) * prof.draft_token
         want = (draft_s + o_a + o_b * g + prof.target_block[g]) / prof.target_token
         assert prof.step_cost(g, alpha) == pytest.approx(want)
     assert prof.step_cost(0) == pytest.approx(1 + plain / prof.target_token)

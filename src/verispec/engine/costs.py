@@ -9,7 +9,9 @@ speculative decoding,
     cost(g) = [(g − 1)·d₁ + α^g·d₂ + (1 − α^g)·d₁ + T(g) + o(g)] / t,   cost(0) = 1 + o₀ / t,
 
 where the draft's first forward of a step also feeds the token it has not seen when the previous
-block was accepted whole (probability ``α^g``, two tokens ``d₂``), and ``o(g) = o_a + o_b·g`` is the
+block was accepted whole (probability ``α^g``, two tokens ``d₂``; where the number ``n`` of tokens
+the draft has not seen is known, e.g. after plain steps, that forward costs ``d₁ + (n − 1)(d₂ − d₁)``
+instead), and ``o(g) = o_a + o_b·g`` is the
 time of an SD step drafting ``g`` tokens spent outside the draft's and the target's forwards
 (``o₀``: a target-only step's), measured on short real generations (:func:`measure_profile`;
 profiles without it fall back to ``(2g + 1)`` rows of one pipeline row's time ``r``, and ``r`` for a
@@ -92,14 +94,24 @@ class CostProfile:
         """Cost of one target forward of ``g + 1`` tokens in target decoding steps (``v(0) = 1``)."""
         return self.target_block[g] / self.target_token
 
-    def step_cost(self, g: int, alpha: float | None = None) -> float:
+    def draft_feed(self, n: int) -> float:
+        """Seconds of one draft forward of ``n >= 1`` tokens, extrapolated linearly from 1 and 2 tokens."""
+        pair = self.draft_token if self.draft_pair is None else self.draft_pair
+        return self.draft_token + (n - 1) * max(pair - self.draft_token, 0.0)
+
+    def step_cost(self, g: int, alpha: float | None = None, unseen: int | None = None) -> float:
         """Cost of a step that drafts ``g`` tokens and verifies them, in target decoding steps (see
-        the module docstring; ``alpha``: per-position acceptance, for the draft's catch-up)."""
+        the module docstring). The draft's first forward feeds the tokens it has not seen: ``unseen``
+        of them where known (e.g. after plain steps), else two with probability ``alpha^g`` (the
+        previous block accepted whole) and one otherwise."""
         if g == 0:
             return 1.0 + (self.row_s if self.plain_overhead is None else self.plain_overhead) / self.target_token
-        pair = self.draft_token if self.draft_pair is None else self.draft_pair
-        full = 0.0 if alpha is None else alpha ** g
-        draft = (g - 1) * self.draft_token + full * pair + (1.0 - full) * self.draft_token
+        if unseen is not None:
+            first = self.draft_feed(max(unseen, 1))
+        else:
+            full = 0.0 if alpha is None else alpha ** g
+            first = full * self.draft_feed(2) + (1.0 - full) * self.draft_token
+        draft = (g - 1) * self.draft_token + first
         if self.step_overhead is None:
             other = (2 * g + 1) * self.row_s
         else:

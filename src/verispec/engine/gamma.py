@@ -19,6 +19,9 @@ of Leviathan et al. (2023, eq. 1).  ``g = 0`` -- a plain target step, no draft -
 (the optimistic α does not move), every ``explore_every``-th consecutive plain step drafts one
 token instead -- unless drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)``
 for every ``g``: the draft is too slow for its target on this machine), where every step is plain.
+Both decisions count what the draft's first forward of the step costs: after ``k`` plain steps it
+feeds the ``k + 1`` tokens it has not seen (``unseen``, told by the engine), so a long plain run
+makes the next draft dearer, and exploring stops where even α → 1 would not repay that catch-up.
 
 **Per token** (``by_confidence=True``, ``--draft-stop auto``): within a step the draft keeps drafting
 while the cost model says one more token pays, given the draft's own probabilities of the tokens it
@@ -52,10 +55,11 @@ def expected_tokens(alpha: float, g: int) -> float:
     return (1.0 - alpha ** (g + 1)) / (1.0 - alpha)
 
 
-def best_gamma(profile: CostProfile, alpha: float, g_max: int | None = None) -> int:
-    """``argmax_g E[tokens | g] / (g·c + v(g))`` over ``g = 0 .. g_max`` (ties: the smaller ``g``)."""
+def best_gamma(profile: CostProfile, alpha: float, g_max: int | None = None, unseen: int | None = None) -> int:
+    """``argmax_g E[tokens | g] / cost(g)`` over ``g = 0 .. g_max`` (ties: the smaller ``g``); ``unseen``:
+    tokens the draft has not yet fed, where known (:meth:`CostProfile.step_cost`)."""
     top = profile.g_max if g_max is None else min(g_max, profile.g_max)
-    rates = [expected_tokens(alpha, g) / profile.step_cost(g, alpha) for g in range(top + 1)]
+    rates = [expected_tokens(alpha, g) / profile.step_cost(g, alpha, unseen) for g in range(top + 1)]
     return max(range(top + 1), key=lambda g: (rates[g], -g))
 
 
@@ -77,7 +81,6 @@ class AutoGamma:
     verified: int = 0
     plain_run: int = 0
     chosen: list[int] = field(default_factory=list)
-    can_pay: bool = field(init=False, default=True)
     #: per bin of the draft's probability of its token: accepted and verified positions
     bin_accepted: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
@@ -90,7 +93,6 @@ class AutoGamma:
         self.g_max = self.profile.g_max if self.g_max is None else min(int(self.g_max), self.profile.g_max)
         if self.g_max < 1:
             raise ValueError(f"g_max must be >= 1, got {self.g_max}")
-        self.can_pay = best_gamma(self.profile, 1.0, self.g_max) > 0
 
     @property
     def alpha(self) -> float:
@@ -103,23 +105,29 @@ class AutoGamma:
         a, n = self.alpha, self.verified + self.prior_weight
         return min(a + self.optimism * math.sqrt(a * (1.0 - a) / (n + 1.0)), 1.0)
 
-    def next(self) -> int:
+    def next(self, unseen: int | None = None) -> int:
         """Draft length for the next step (0: a plain target step); with ``by_confidence`` the most the
-        step may draft (:meth:`keep_drafting` stops it earlier)."""
+        step may draft (:meth:`keep_drafting` stops it earlier). ``unseen``: the tokens the draft
+        model has not fed yet (its first forward of the step feeds them), where the caller knows."""
         if self.fixed is not None:
             self.chosen.append(self.fixed)
             return self.fixed
-        g = best_gamma(self.profile, self.alpha_upper, self.g_max)
+        g = best_gamma(self.profile, self.alpha_upper, self.g_max, unseen)
         if self.by_confidence and g > 0:
             g = self.g_max
         if g == 0:
             self.plain_run += 1
-            if self.can_pay and self.plain_run >= self.explore_every:
+            if self.plain_run >= self.explore_every and self.can_pay(unseen):
                 g, self.plain_run = 1, 0
         else:
             self.plain_run = 0
         self.chosen.append(g)
         return g
+
+    def can_pay(self, unseen: int | None = None) -> bool:
+        """Whether some draft length beats a plain step at acceptance α → 1 (with ``unseen`` tokens to
+        feed the draft first): where it does not, exploring cannot pay either."""
+        return best_gamma(self.profile, 1.0, self.g_max, unseen) > 0
 
     def update(self, n_accepted: int, g: int, confidences: list[float] | None = None) -> None:
         """Record a verified step: ``n_accepted`` of ``g`` drafts accepted (positions verified: the

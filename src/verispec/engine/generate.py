@@ -341,13 +341,18 @@ def generate(
             target.forward(ids[:-1], all_logits=False)
         sources.prefill(ids)
 
+    profile = costs if isinstance(costs, CostProfile) else None
+    modelled = 0.0   # the cost model's time of the steps taken, in target steps (chains of a draft model)
     run.start()
     while True:
-        g = min(policy.next() if policy else gamma, out.remaining - 1)
+        unseen = len(sources.pending) if draft is not None else None   # the draft's catch-up this step
+        g = min(policy.next(unseen) if policy else gamma, out.remaining - 1)
         # 1. draft a tree (a chain: one child per node) below the root, or nothing
         proposal = sources.propose(g)
         drafted = max(proposal.depths(), default=-1) + 1 if proposal is not None else 0
         stats.record_gamma(drafted)
+        if profile is not None and drafted <= profile.g_max:
+            modelled += profile.step_cost(drafted, unseen=unseen)
         if proposal is None:
             # A plain target step (one token left, nothing to draft, or the policy found drafting
             # not worth it): the next token comes from the target alone (bonus semantics).
@@ -404,11 +409,8 @@ def generate(
     result = run.result()
     # the cost model covers draft-model chains: none for trees, heads or draft-free (lookup) steps
     chains_only = spec is None and head is None and not stats.lookup_steps
-    if isinstance(costs, CostProfile) and chains_only:
-        reached = sum(stats.position_reached)
-        alpha = sum(stats.position_accepted) / reached if reached else None
-        modelled = sum(k * costs.step_cost(g, alpha) for g, k in enumerate(stats.gamma_hist))
-        stats.cost_model_speedup = costs.speedup(stats.new_tokens, modelled) if modelled else None
+    if profile is not None and chains_only and len(stats.gamma_hist) <= profile.g_max + 1:
+        stats.cost_model_speedup = profile.speedup(stats.new_tokens, modelled) if modelled else None
     elif costs is not None and chains_only:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
