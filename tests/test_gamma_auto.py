@@ -187,9 +187,13 @@ class _FeedLog(FakeLM):
 class _UnseenLog(AutoGamma):
     """An AutoGamma that records the ``unseen`` the engine tells it and the draft length it chose."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.told: list[tuple[int | None, int]] = []
+
     def next(self, unseen=None):
         g = super().next(unseen)
-        self.told = [*getattr(self, "told", []), (unseen, g)]
+        self.told.append((unseen, g))
         return g
 
 

@@ -341,8 +341,9 @@ def generate(
             target.forward(ids[:-1], all_logits=False)
         sources.prefill(ids)
 
-    profile = costs if isinstance(costs, CostProfile) else None
-    modelled = 0.0   # the cost model's time of the steps taken, in target steps (chains of a draft model)
+    # the cost model covers draft-model chains (γ <= its g_max, checked above): not trees or heads
+    profile = costs if isinstance(costs, CostProfile) and spec is None and head is None else None
+    modelled = 0.0   # the cost model's time of the steps taken, in target steps
     run.start()
     while True:
         unseen = len(sources.pending) if draft is not None else None   # the draft's catch-up this step
@@ -351,7 +352,7 @@ def generate(
         proposal = sources.propose(g)
         drafted = max(proposal.depths(), default=-1) + 1 if proposal is not None else 0
         stats.record_gamma(drafted)
-        if profile is not None and drafted <= profile.g_max:
+        if profile is not None:
             modelled += profile.step_cost(drafted, unseen=unseen)
         if proposal is None:
             # A plain target step (one token left, nothing to draft, or the policy found drafting
@@ -409,7 +410,7 @@ def generate(
     result = run.result()
     # the cost model covers draft-model chains: none for trees, heads or draft-free (lookup) steps
     chains_only = spec is None and head is None and not stats.lookup_steps
-    if profile is not None and chains_only and len(stats.gamma_hist) <= profile.g_max + 1:
+    if profile is not None and chains_only:
         stats.cost_model_speedup = profile.speedup(stats.new_tokens, modelled) if modelled else None
     elif costs is not None and chains_only:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
