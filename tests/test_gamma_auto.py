@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import random
@@ -405,3 +406,32 @@ def test_measured_overheads_exclude_model_time_and_enter_the_step_cost():
         dataclasses.replace(prof, step_overhead=(-1.0, 0.0))
     with pytest.raises(ValueError, match="plain_overhead"):
         dataclasses.replace(prof, plain_overhead=-1.0)
+
+
+
+def test_one_stalled_overhead_run_does_not_enter_the_profile(monkeypatch):
+    """A hypervisor stall in one of the short runs (here: 1 s added to the first target-only run's
+    wall time) is outvoted by the median of the rounds; with one round it adds ~80 ms to every
+    plain step (so the check has power)."""
+    from verispec.engine.costs import measure_overheads
+
+    gen_mod = importlib.import_module("verispec.engine.generate")   # the module (the package exports the function)
+
+    real = gen_mod.generate_target_only
+    target, draft = _SlowLM(vocab=6, seed=1, delay=0.002), _SlowLM(vocab=6, seed=2, delay=0.001)
+    for repeats, stalled in [(3, False), (1, True)]:
+        calls = []
+
+        def first_run_stalls(*args, calls=calls, **kwargs):
+            out = real(*args, **kwargs)
+            calls.append(out)
+            if len(calls) > 1:
+                return out
+            return dataclasses.replace(out, stats=dataclasses.replace(out.stats, wall_s=out.stats.wall_s + 1.0))
+
+        monkeypatch.setattr(gen_mod, "generate_target_only", first_run_stalls)
+        _, plain = measure_overheads(target, draft, [0, 1, 2], repeats=repeats)
+        assert len(calls) == repeats
+        assert (plain > 1.0 / 12 - 0.005) if stalled else (plain < 0.01)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_overheads(target, draft, [0, 1, 2], repeats=0)

@@ -44,8 +44,9 @@ from verispec.models.base import Backend
 from verispec.models.embedded import default_cache_dir
 
 _log = logging.getLogger("verispec.costs")
-#: Version of the cached file's layout; a file of another version is re-measured.
-PROFILE_VERSION = 3
+#: Version of the cached file's layout and measurement; a file of another version is re-measured
+#: (4: the overheads are medians over rounds, 3's single round could carry a stall).
+PROFILE_VERSION = 4
 DEFAULT_G_MAX = 8
 
 
@@ -201,26 +202,35 @@ _OVERHEAD_SAMPLING = "temperature=0.7,top_k=20,top_p=0.8"
 
 
 def measure_overheads(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, tokens: int = 12,
-                      gammas: tuple[int, int] = (1, 4)) -> tuple[tuple[float, float], float]:
+                      gammas: tuple[int, int] = (1, 4), repeats: int = 3) -> tuple[tuple[float, float], float]:
     """``((o_a, o_b), o₀)``: seconds per step spent outside the model forwards (the generation's wall
     time less its draft and target forward time, over its target calls), from short real generations
     of ``prompt_ids``: lossless chain SD at the two ``gammas`` (``o_a + o_b·g`` fitted through both,
-    clipped at 0) and target-only sampling (``o₀``). Both caches are left holding the prompt."""
+    clipped at 0) and target-only sampling (``o₀``). Each is the median over ``repeats`` rounds of
+    the three generations: one stall of a few hundred ms in a 12-token run (a busy hypervisor) would
+    otherwise add tens of ms to every modelled step. Both caches are left holding the prompt."""
     from verispec.engine.generate import generate, generate_target_only
     from verispec.models import check_compatible
     from verispec.sampling import SamplingConfig
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     sampling = SamplingConfig.parse(_OVERHEAD_SAMPLING)
     width = check_compatible(target, draft)
 
     def per_step(stats) -> float:
         return stats.other_s / max(stats.target_calls, 1)
 
-    plain = per_step(generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=tokens,
-                                          vocab_width=width).stats)
+    rounds: list[tuple[float, float, float]] = []
+    for seed in range(repeats):
+        plain = per_step(generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=tokens,
+                                              seed=seed, vocab_width=width).stats)
+        o_lo, o_hi = (per_step(generate(target, draft, prompt_ids, rule="lossless", sampling=sampling, gamma=g,
+                                        seed=seed, max_new_tokens=tokens, vocab_width=width).stats)
+                      for g in gammas)
+        rounds.append((plain, o_lo, o_hi))
+    plain, o_lo, o_hi = (sorted(col)[len(col) // 2] for col in zip(*rounds))
     lo, hi = gammas
-    o_lo, o_hi = (per_step(generate(target, draft, prompt_ids, rule="lossless", sampling=sampling, gamma=g,
-                                    max_new_tokens=tokens, vocab_width=width).stats) for g in gammas)
     slope = max((o_hi - o_lo) / (hi - lo), 0.0)
     for backend in (target, draft):   # leave the caches as _forward_medians does: the prompt
         backend.rollback(min(backend.n_cached, len(prompt_ids)))
