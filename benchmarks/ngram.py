@@ -4,8 +4,11 @@ On the embedded pair (llama.cpp), for HumanEval-style code completion and GSM8K 
 ``--data-dir`` or ``$VERISPEC_DATA``), lossless SD with: the draft model (chain of γ), prompt lookup alone
 (``--draft ngram``: no draft model; a step without a match is a plain target step), and both (lookup where
 the text's suffix occurred before, the draft model otherwise); target-only sampling as the reference.
-Settings are interleaved round by round. Printed per dataset and setting: tokens per target call (BE),
-the share of steps drafted by lookup and their mean accepted tokens, and tokens/s over target-only.
+With ``γ auto`` the cost model chooses, step by step, whether and how much of lookup's draft to
+verify (``LookupGamma``, from the machine's cached cost profile: ``cached_profile(target, None)`` for
+lookup alone) and the draft model's γ. Settings are interleaved round by round. Printed per dataset
+and setting: tokens per target call (BE), the share of steps drafted by lookup and their mean accepted
+tokens, tokens/s over target-only, and the cost model's predicted speedup (mean over the runs).
 
     .venv/bin/python benchmarks/ngram.py [--datasets humaneval,gsm8k] [--limit 3] [--tokens 128]
         [--gamma 3] [--lookup-gamma 5] [--min-ngram 1] [--rounds 1] [--sampling temperature=0.7,top_k=20,top_p=0.8]
@@ -21,7 +24,7 @@ from verispec.runtime import tune_process
 tune_process()
 
 from verispec.bench.datasets import load_problems  # noqa: E402
-from verispec.engine import generate, generate_target_only  # noqa: E402
+from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.engine.ngram import NgramDrafter  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
@@ -48,31 +51,44 @@ def main(argv=None) -> int:
     settings = ModelSettings(n_threads=args.n_threads)
     target, draft, width = load_pair(settings)
     modes = ["target-only", f"draft model γ={args.gamma}", f"lookup alone γ≤{args.lookup_gamma}",
-             f"lookup + draft γ={args.gamma}"]
+             "lookup alone γ auto", f"lookup + draft γ={args.gamma}", "lookup + draft γ auto"]
+    probe = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
+    free_costs, _ = cached_profile(target, None, probe)     # the target alone: lookup's drafts are free
+    pair_costs, _ = cached_profile(target, draft, probe)
+
+    def fixed_lookup(g: int) -> NgramDrafter:
+        return NgramDrafter(min_ngram=args.min_ngram, max_ngram=max(3, args.min_ngram), max_tokens=g)
 
     def run(mode: str, ids: list[int], seed: int):
         kw = dict(rule="lossless", sampling=sampling, max_new_tokens=args.tokens, seed=seed)
+        auto_lookup = NgramDrafter(min_ngram=1, max_ngram=4, max_tokens=free_costs.g_max)   # the policy judges
         if mode == modes[0]:
             return generate_target_only(target, ids, sampling=sampling, max_new_tokens=args.tokens, seed=seed).stats
         if mode == modes[1]:
             return generate(target, draft, ids, gamma=args.gamma, vocab_width=width, **kw).stats
         if mode == modes[2]:
-            return generate(target, None, ids, gamma=args.lookup_gamma,
-                            lookup=NgramDrafter(min_ngram=args.min_ngram, max_ngram=max(3, args.min_ngram),
-                                                max_tokens=args.lookup_gamma), **kw).stats
-        return generate(target, draft, ids, gamma=args.gamma, vocab_width=width,
-                        lookup=NgramDrafter(min_ngram=args.min_ngram, max_ngram=max(3, args.min_ngram),
-                                            max_tokens=args.gamma), **kw).stats
+            return generate(target, None, ids, gamma=args.lookup_gamma, lookup=fixed_lookup(args.lookup_gamma),
+                            **kw).stats
+        if mode == modes[3]:
+            return generate(target, None, ids, gamma="auto", costs=free_costs, lookup=auto_lookup, **kw).stats
+        if mode == modes[4]:
+            return generate(target, draft, ids, gamma=args.gamma, vocab_width=width, lookup=fixed_lookup(args.gamma),
+                            **kw).stats
+        return generate(target, draft, ids, gamma="auto", costs=pair_costs, vocab_width=width, lookup=auto_lookup,
+                        **kw).stats
 
     for name, probs in problems.items():
         prompts = [target.chat_prompt(p.prompt) for p in probs]
         rates = {m: [] for m in modes}
+        predicted = {m: [] for m in modes}
         tot = {m: {"tokens": 0, "calls": 0, "steps": 0, "lookup": 0, "lookup_acc": 0} for m in modes}
         for rnd in range(args.rounds):
             for i, ids in enumerate(prompts):
                 for mode in modes:
                     st = run(mode, ids, 1000 * rnd + i)
                     rates[mode].append(st.tokens_per_s)
+                    if st.cost_model_speedup is not None and "auto" in mode:
+                        predicted[mode].append(st.cost_model_speedup)
                     t = tot[mode]
                     t["tokens"] += st.new_tokens
                     t["calls"] += st.target_calls
@@ -83,14 +99,16 @@ def main(argv=None) -> int:
         base = statistics.median(rates[modes[0]])
         print(f"\n{name}: {len(prompts)} prompts x {args.rounds} rounds x {args.tokens} tokens, lossless, "
               f"{args.sampling}; target-only {base:.2f} tok/s")
-        print(f"  {'setting':24} {'BE':>6} {'lookup steps':>12} {'acc/lookup':>10} {'tok/s':>7} {'vs target':>9}")
+        print(f"  {'setting':24} {'BE':>6} {'lookup steps':>12} {'acc/lookup':>10} {'tok/s':>7} {'vs target':>9} "
+              f"{'predicted':>9}")
         for mode in modes:
             t = tot[mode]
             med = statistics.median(rates[mode])
             share = f"{t['lookup'] / t['steps']:.0%}" if t["steps"] else ""
             acc = f"{t['lookup_acc'] / t['lookup']:.2f}" if t["lookup"] else ""
-            print(f"  {mode:24} {t['tokens'] / t['calls']:6.2f} {share:>12} {acc:>10} {med:7.2f} {med / base:8.2f}x",
-                  flush=True)
+            pred = f"{statistics.mean(predicted[mode]):8.2f}x" if predicted[mode] else ""
+            print(f"  {mode:24} {t['tokens'] / t['calls']:6.2f} {share:>12} {acc:>10} {med:7.2f} {med / base:8.2f}x "
+                  f"{pred:>9}", flush=True)
     return 0
 
 

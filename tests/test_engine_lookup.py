@@ -55,7 +55,7 @@ def test_lookup_errors_are_clear():
         generate(target, None, PROMPT, gamma=2, **kw)
     with pytest.raises(ValueError, match="tree"):
         generate(target, draft, PROMPT, tree="2,2", lookup=NgramDrafter(), **kw)
-    with pytest.raises(ValueError, match="fixed gamma"):
+    with pytest.raises(ValueError, match="cost profile"):
         generate(target, None, PROMPT, gamma="auto", lookup=NgramDrafter(), **kw)
     with pytest.raises(ValueError, match="point mass"):
         generate(target, draft, PROMPT, gamma=2, lookup=NgramDrafter(), **{**kw, "rule": "cos_we:lam=0.5"})

@@ -351,7 +351,7 @@ def test_run_diagnose_with_a_tree_writes_the_tree_form_and_reuses_its_corpus(tmp
 def test_bench_plans_and_runs_gamma_auto_beside_fixed_gamma(tmp_path, monkeypatch):
     """``bench --gamma auto``: SD runs keyed apart from fixed γ (fixed-γ run ids unchanged), run with the
     cost profile, reported as γ = auto."""
-    from tests.test_bench_runner import config, fake_models
+    from tests.test_bench_runner import DigitLM, config, fake_models
     from verispec.bench import runner
     from verispec.bench.rows import collect_rows
     from verispec.bench.store import RunKey
@@ -363,8 +363,6 @@ def test_bench_plans_and_runs_gamma_auto_beside_fixed_gamma(tmp_path, monkeypatc
     fixed = RunKey(dataset="gsm8k", rule="lenience:ell=0.5", sampling=auto[0].key.sampling, gamma=3, draft="d",
                    target="t", max_new_tokens=auto[0].key.max_new_tokens, seed=0)
     assert fixed.run_id in {r.key.run_id for r in plan} and "gamma_policy" not in fixed.to_dict()
-    with pytest.raises(ValueError, match="auto"):
-        runner.BenchConfig(datasets=["gsm8k"], gammas=["auto"], draft="ngram").validate()
 
     monkeypatch.delenv("VERISPEC_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # the fake pair's cost profile goes here
@@ -374,4 +372,12 @@ def test_bench_plans_and_runs_gamma_auto_beside_fixed_gamma(tmp_path, monkeypatc
     rows = [r for r in collect_rows(out) if r.key.gamma_policy == "auto"]
     assert rows and all(r.gamma_label == "auto" for r in rows)
     assert "| auto |" in (out / "report.md").read_text()
-    assert list((tmp_path / "cache" / "verispec" / "costs").iterdir())          # measured once, cached
+    assert len(list((tmp_path / "cache" / "verispec" / "costs").iterdir())) == 1   # measured once, cached
+    # prompt lookup alone: auto weighs its free drafts with the target's own profile (a second file)
+    (tmp_path / "ngram").mkdir()
+    cfg = config(tmp_path / "ngram", rules=["lossless"], n_rows=2, draft="ngram", gammas=["auto"], max_new_tokens=4)
+    target_alone = lambda cfg, need_draft: (DigitLM(1), None, 10)   # what load_pair gives for draft="ngram"
+    out, _ = runner.run_bench(cfg, progress=False, load_models=target_alone, log=lambda m: None, report=False)
+    rows = [r for r in collect_rows(out) if r.key.gamma_policy == "auto"]
+    assert rows and all(r.gamma_label == "auto" for r in rows)
+    assert len(list((tmp_path / "cache" / "verispec" / "costs").iterdir())) == 2

@@ -117,8 +117,8 @@ def cmd_generate(args) -> int:
                                       stop=args.stop, seed=args.seed)
     else:
         costs = None
-        lookup = lookup_for(args, 5 if args.gamma == "auto" else args.gamma)
-        if not args.no_cost_model and args.tree is None and draft is not None and head is None:
+        lookup = lookup_for(args, DEFAULT_G_MAX if args.gamma == "auto" else args.gamma)
+        if not args.no_cost_model and args.tree is None and head is None and (draft is not None or lookup):
             g_max = DEFAULT_G_MAX if args.gamma == "auto" else max(DEFAULT_G_MAX, args.gamma)
             costs, measured = cached_profile(target, draft, prompt_ids, n_threads=args.n_threads, g_max=g_max)
             if measured and not args.json:
@@ -151,23 +151,25 @@ def cmd_calibrate(args) -> int:
     g_max = DEFAULT_G_MAX if args.g_max is None else args.g_max
     if g_max < 1:
         raise ValueError(f"--g-max must be >= 1, got {g_max}")
-    target, draft, _ = load_pair(args)
-    if draft is None:
-        raise ValueError("calibrate measures a draft model against the target; prompt lookup (--draft ngram) has "
-                         "no model to measure")
+    target, draft, _ = load_pair(args)   # --draft ngram: no draft model, the target's costs alone (lookup)
     prompt = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
     prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True)
-    pair = prof.draft_pair or prof.draft_token
-    print(f"draft forward of 1 / 2 tokens {1e3 * prof.draft_token:.1f} / {1e3 * pair:.1f} ms, target token "
-          f"{1e3 * prof.target_token:.1f} ms, c = {prof.c:.3f}, sampling per row {1e3 * prof.row_s:.2f} ms")
+    if prof.has_draft:
+        pair = prof.draft_pair or prof.draft_token
+        print(f"draft forward of 1 / 2 tokens {1e3 * prof.draft_token:.1f} / {1e3 * pair:.1f} ms, target token "
+              f"{1e3 * prof.target_token:.1f} ms, c = {prof.c:.3f}, sampling per row {1e3 * prof.row_s:.2f} ms")
+    else:
+        print(f"no draft model (prompt lookup): target token {1e3 * prof.target_token:.1f} ms, "
+              f"sampling per row {1e3 * prof.row_s:.2f} ms")
     if prof.step_overhead is not None:
         o_a, o_b = prof.step_overhead
         print(f"outside the model forwards: {1e3 * o_a:.2f} + {1e3 * o_b:.2f}·γ ms per SD step, "
               f"{1e3 * (prof.plain_overhead or 0.0):.2f} ms per target-only step")
     print("v(γ) = " + ", ".join(f"{g}: {prof.v(g):.2f}" for g in range(1, prof.g_max + 1)))
     alphas = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
-    print("best γ by per-position acceptance α: " + ", ".join(
-        f"α={a}: {best_gamma(prof, a)}" for a in alphas) + "  (0: target-only is faster)")
+    what = "best γ" if prof.has_draft else "best lookup draft length"
+    print(f"{what} by per-position acceptance α: " + ", ".join(
+        f"α={a}: {best_gamma(prof, a, free=not prof.has_draft)}" for a in alphas) + "  (0: target-only is faster)")
     print(f"identity: {prof.identity}")
     return 0
 

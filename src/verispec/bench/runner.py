@@ -114,8 +114,6 @@ class BenchConfig(DataSettings, ModelSettings):
         for g in self.gammas:
             if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
                 raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {g!r}")
-        if "auto" in self.gammas and (self.lookup or is_ngram_draft(self.draft)):
-            raise ValueError("gamma 'auto' weighs the draft model's cost; it does not apply to prompt lookup")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.n_samples < 1:
@@ -277,7 +275,8 @@ class SampleRunner:
             res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
                            max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
                            vocab_width=width, costs=costs.get(gamma) if tree is None else None,
-                           observer=recording, tree=tree, lookup=lookup_for(self.cfg, gamma))
+                           observer=recording, tree=tree,
+                           lookup=lookup_for(self.cfg, DEFAULT_G_MAX if gamma == "auto" else gamma))
             if recording is not None:  # on disk before the row: a stored row implies its positions
                 recording.save(positions_path(self.out, run.key.run_id, problem.id, k), decode=target.token_piece)
         return self.row(unit, res, time.perf_counter() - t0)

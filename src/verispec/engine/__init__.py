@@ -3,10 +3,10 @@ cost profile and the draft length it chooses (``gamma="auto"``)."""
 
 from verispec.engine.batch import BatchResult, generate_batch, generate_target_only_batch
 from verispec.engine.costs import CostProfile, cached_profile, measure_costs, measure_profile
-from verispec.engine.gamma import AutoGamma, best_gamma, expected_tokens
+from verispec.engine.gamma import AutoGamma, LookupGamma, best_gamma, expected_tokens
 from verispec.engine.generate import GenerationResult, generate, generate_target_only
 from verispec.engine.stats import CallCosts, Stats
 
 __all__ = ["generate", "generate_target_only", "measure_costs", "GenerationResult", "Stats", "CallCosts",
-           "CostProfile", "measure_profile", "cached_profile", "AutoGamma", "best_gamma", "expected_tokens",
-           "generate_batch", "generate_target_only_batch", "BatchResult"]
+           "CostProfile", "measure_profile", "cached_profile", "AutoGamma", "LookupGamma", "best_gamma",
+           "expected_tokens", "generate_batch", "generate_target_only_batch", "BatchResult"]

@@ -16,7 +16,9 @@ time of an SD step drafting ``g`` tokens spent outside the draft's and the targe
 (``o₀``: a target-only step's), measured on short real generations (:func:`measure_profile`;
 profiles without it fall back to ``(2g + 1)`` rows of one pipeline row's time ``r``, and ``r`` for a
 plain step).  With ``α`` and ``o`` left out (``d₂ = d₁``) this is the textbook ``γ·c + v(γ)``
-(Leviathan et al. 2023).
+(Leviathan et al. 2023). Drafts that cost nothing to make (prompt lookup) pay only
+``verify_cost(g) = [T(g) + o(g)] / t``; a profile measured without a draft model (``draft=None``)
+holds only those.
 
 :func:`measure_profile` measures it after a prefill (:func:`measure_costs`, the same timing for one
 fixed γ); :func:`cached_profile` returns the profile stored for this machine and model pair
@@ -39,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from verispec.engine.ngram import NgramDrafter
 from verispec.engine.stats import CallCosts
 from verispec.models.base import Backend
 from verispec.models.embedded import default_cache_dir
@@ -53,13 +56,15 @@ DEFAULT_G_MAX = 8
 @dataclass(frozen=True)
 class CostProfile:
     """Median seconds per call: ``target_block[g]`` is one target forward of ``g + 1`` tokens
-    (``g = 0 .. g_max``; ``target_block[0]`` is the plain one-token step); ``draft_pair`` a draft
+    (``g = 0 .. g_max``; ``target_block[0]`` is the plain one-token step); ``draft_token`` a draft
+    forward of one token (None: a profile of the target alone, for drafts that cost nothing to
+    make, i.e. prompt lookup: :meth:`verify_cost`); ``draft_pair`` a draft
     forward of two tokens (default: ``draft_token``); ``row_s`` the sampling pipeline and draw of
     one logits row (default 0); ``step_overhead`` ``(o_a, o_b)``: seconds of an SD step drafting ``g``
     tokens outside the model forwards, ``o_a + o_b·g``, and ``plain_overhead`` a target-only step's
     (None: ``(2g + 1)·row_s`` and ``row_s``)."""
 
-    draft_token: float
+    draft_token: float | None
     target_block: tuple[float, ...]
     identity: str = ""  # what was measured (machine, threads, models), for the reader
     draft_pair: float | None = None
@@ -70,8 +75,8 @@ class CostProfile:
     def __post_init__(self) -> None:
         if len(self.target_block) < 2:
             raise ValueError("a cost profile needs target forwards of 1 and at least 2 tokens")
-        if self.draft_token <= 0 or any(t <= 0 for t in self.target_block) or self.row_s < 0 or (
-                self.draft_pair is not None and self.draft_pair <= 0):
+        if (self.draft_token is not None and self.draft_token <= 0) or any(t <= 0 for t in self.target_block) \
+                or self.row_s < 0 or (self.draft_pair is not None and self.draft_pair <= 0):
             raise ValueError(f"cost profile times must be positive, got {self}")
         if self.step_overhead is not None and (len(self.step_overhead) != 2 or min(self.step_overhead) < 0):
             raise ValueError(f"step_overhead must be two seconds >= 0 (o_a, o_b), got {self.step_overhead}")
@@ -87,9 +92,20 @@ class CostProfile:
         return self.target_block[0]
 
     @property
+    def has_draft(self) -> bool:
+        """Whether the profile measured a draft model (else it prices free drafts only)."""
+        return self.draft_token is not None
+
+    def _draft_token(self) -> float:
+        if self.draft_token is None:
+            raise ValueError("this cost profile was measured without a draft model (for prompt lookup): "
+                             "measure one with the draft model (cached_profile(target, draft, ...))")
+        return self.draft_token
+
+    @property
     def c(self) -> float:
         """Draft-to-target cost ratio per token."""
-        return self.draft_token / self.target_token
+        return self._draft_token() / self.target_token
 
     def v(self, g: int) -> float:
         """Cost of one target forward of ``g + 1`` tokens in target decoding steps (``v(0) = 1``)."""
@@ -97,8 +113,9 @@ class CostProfile:
 
     def draft_feed(self, n: int) -> float:
         """Seconds of one draft forward of ``n >= 1`` tokens, extrapolated linearly from 1 and 2 tokens."""
-        pair = self.draft_token if self.draft_pair is None else self.draft_pair
-        return self.draft_token + (n - 1) * max(pair - self.draft_token, 0.0)
+        one = self._draft_token()
+        pair = one if self.draft_pair is None else self.draft_pair
+        return one + (n - 1) * max(pair - one, 0.0)
 
     def step_cost(self, g: int, alpha: float | None = None, unseen: int | None = None) -> float:
         """Cost of a step that drafts ``g`` tokens and verifies them, in target decoding steps (see
@@ -106,18 +123,27 @@ class CostProfile:
         of them where known (e.g. after plain steps), else two with probability ``alpha^g`` (the
         previous block accepted whole) and one otherwise."""
         if g == 0:
-            return 1.0 + (self.row_s if self.plain_overhead is None else self.plain_overhead) / self.target_token
+            return self.verify_cost(0)
         if unseen is not None:
             first = self.draft_feed(max(unseen, 1))
         else:
             full = 0.0 if alpha is None else alpha ** g
-            first = full * self.draft_feed(2) + (1.0 - full) * self.draft_token
-        draft = (g - 1) * self.draft_token + first
+            first = full * self.draft_feed(2) + (1.0 - full) * self._draft_token()
+        draft = (g - 1) * self._draft_token() + first
+        return draft / self.target_token + self.verify_cost(g)
+
+    def verify_cost(self, g: int) -> float:
+        """Cost of a step verifying ``g`` drafted tokens that cost nothing to draft (prompt lookup), in
+        target decoding steps: the target's ``(g + 1)``-token forward and the engine's work of an SD
+        step (``g = 0``: a plain step). The engine time is the one measured with draft-model steps
+        (which also process the draft's rows), or with free drafts for a profile without a draft."""
+        if g == 0:
+            return 1.0 + (self.row_s if self.plain_overhead is None else self.plain_overhead) / self.target_token
         if self.step_overhead is None:
             other = (2 * g + 1) * self.row_s
         else:
             other = self.step_overhead[0] + self.step_overhead[1] * g
-        return (draft + other) / self.target_token + self.v(g)
+        return other / self.target_token + self.v(g)
 
     def speedup(self, tokens: float, cost: float) -> float:
         """Modelled speedup over target-only sampling of ``tokens`` emitted at ``cost`` (in target
@@ -128,7 +154,7 @@ class CostProfile:
         """The fixed-γ view (:class:`CallCosts`) used by ``Stats.cost_model_speedup``."""
         if not 1 <= gamma <= self.g_max:
             raise ValueError(f"the cost profile covers γ = 1..{self.g_max}, got {gamma}")
-        return CallCosts(gamma=gamma, draft_token=self.draft_token, target_token=self.target_token,
+        return CallCosts(gamma=gamma, draft_token=self._draft_token(), target_token=self.target_token,
                          target_block=self.target_block[gamma])
 
     def to_json(self) -> dict:
@@ -140,35 +166,43 @@ class CostProfile:
             raise ValueError(f"cost profile version {d.get('version')!r}, expected {PROFILE_VERSION}")
         pair = d.get("draft_pair")
         over, plain = d.get("step_overhead"), d.get("plain_overhead")
-        return cls(draft_token=float(d["draft_token"]), target_block=tuple(float(t) for t in d["target_block"]),
+        one = d["draft_token"]
+        return cls(draft_token=None if one is None else float(one),
+                   target_block=tuple(float(t) for t in d["target_block"]),
                    identity=str(d.get("identity", "")), draft_pair=None if pair is None else float(pair),
                    row_s=float(d.get("row_s", 0.0)),
                    step_overhead=None if over is None else (float(over[0]), float(over[1])),
                    plain_overhead=None if plain is None else float(plain))
 
 
-def _forward_medians(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, draft_sizes: Sequence[int],
-                     target_sizes: Sequence[int], repeats: int) -> tuple[dict[int, float], dict[int, float]]:
+def _forward_medians(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *,
+                     draft_sizes: Sequence[int], target_sizes: Sequence[int],
+                     repeats: int) -> tuple[dict[int, float], dict[int, float]]:
     """Median seconds of draft and target forwards of each given number of tokens, measured after a
-    prefill of ``prompt_ids`` and rolled back after each call (both caches end holding the prompt)."""
+    prefill of ``prompt_ids`` and rolled back after each call (both caches end holding the prompt;
+    no draft: target forwards only)."""
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("measuring costs needs a non-empty prompt")
-    for backend in (target, draft):
+    models = [("target", target, target_sizes)]
+    if draft is not None:
+        models.insert(0, ("draft", draft, draft_sizes))
+    for _, backend, _ in models:
         backend.reset()
         backend.forward(ids, all_logits=False)
     base = len(ids)
     filler = ids[-1:] * max(*draft_sizes, *target_sizes)
     stamps: dict[tuple[str, int], list[float]] = {}
     for _ in range(repeats):
-        for who, backend, sizes in (("draft", draft, draft_sizes), ("target", target, target_sizes)):
+        for who, backend, sizes in models:
             for n in sizes:
                 t = time.perf_counter()
                 backend.forward(filler[:n], all_logits=who == "target" and n > 1)
                 stamps.setdefault((who, n), []).append(time.perf_counter() - t)
                 backend.rollback(base)
     med = {k: sorted(v)[len(v) // 2] for k, v in stamps.items()}
-    return ({n: med["draft", n] for n in draft_sizes}, {n: med["target", n] for n in target_sizes})
+    return ({n: med["draft", n] for n in draft_sizes if ("draft", n) in med},
+            {n: med["target", n] for n in target_sizes})
 
 
 def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int,
@@ -181,19 +215,20 @@ def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], ga
     return CallCosts(gamma=gamma, draft_token=drafts[1], target_token=targets[1], target_block=targets[gamma + 1])
 
 
-def measure_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], g_max: int = DEFAULT_G_MAX,
-                    repeats: int = 5) -> CostProfile:
+def measure_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[int],
+                    g_max: int = DEFAULT_G_MAX, repeats: int = 5) -> CostProfile:
     """Median seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
     tokens, measured after a prefill of ``prompt_ids`` (both caches are left holding the prompt), of
     one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw, and
-    the engine's time per step outside the model forwards (:func:`measure_overheads`)."""
+    the engine's time per step outside the model forwards (:func:`measure_overheads`). ``draft``
+    None: a profile of the target alone, for prompt lookup."""
     if g_max < 1:
         raise ValueError(f"g_max must be >= 1, got {g_max}")
     drafts, targets = _forward_medians(target, draft, prompt_ids, draft_sizes=(1, 2),
                                        target_sizes=range(1, g_max + 2), repeats=repeats)
     step, plain = measure_overheads(target, draft, prompt_ids)
-    return CostProfile(draft_token=drafts[1], target_block=tuple(targets[n] for n in range(1, g_max + 2)),
-                       draft_pair=drafts[2], row_s=_row_seconds(int(target.vocab_size), repeats),
+    return CostProfile(draft_token=drafts.get(1), target_block=tuple(targets[n] for n in range(1, g_max + 2)),
+                       draft_pair=drafts.get(2), row_s=_row_seconds(int(target.vocab_size), repeats),
                        step_overhead=step, plain_overhead=plain)
 
 
@@ -201,12 +236,13 @@ def measure_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], 
 _OVERHEAD_SAMPLING = "temperature=0.7,top_k=20,top_p=0.8"
 
 
-def measure_overheads(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, tokens: int = 12,
+def measure_overheads(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *, tokens: int = 12,
                       gammas: tuple[int, int] = (1, 4), repeats: int = 3) -> tuple[tuple[float, float], float]:
     """``((o_a, o_b), o₀)``: seconds per step spent outside the model forwards (the generation's wall
     time less its draft and target forward time, over its target calls), from short real generations
     of ``prompt_ids``: lossless chain SD at the two ``gammas`` (``o_a + o_b·g`` fitted through both,
-    clipped at 0) and target-only sampling (``o₀``). Each is the median over ``repeats`` rounds of
+    clipped at 0; without a draft model, free drafts that repeat the last token, verified like prompt
+    lookup's) and target-only sampling (``o₀``). Each is the median over ``repeats`` rounds of
     the three generations: one stall of a few hundred ms in a 12-token run (a busy hypervisor) would
     otherwise add tens of ms to every modelled step. Both caches are left holding the prompt."""
     from verispec.engine.generate import generate, generate_target_only
@@ -216,7 +252,7 @@ def measure_overheads(target: Backend, draft: Backend, prompt_ids: Sequence[int]
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     sampling = SamplingConfig.parse(_OVERHEAD_SAMPLING)
-    width = check_compatible(target, draft)
+    width = check_compatible(target, draft) if draft is not None else None
 
     def per_step(stats) -> float:
         return stats.other_s / max(stats.target_calls, 1)
@@ -226,15 +262,25 @@ def measure_overheads(target: Backend, draft: Backend, prompt_ids: Sequence[int]
         plain = per_step(generate_target_only(target, prompt_ids, sampling=sampling, max_new_tokens=tokens,
                                               seed=seed, vocab_width=width).stats)
         o_lo, o_hi = (per_step(generate(target, draft, prompt_ids, rule="lossless", sampling=sampling, gamma=g,
-                                        seed=seed, max_new_tokens=tokens, vocab_width=width).stats)
+                                        seed=seed, max_new_tokens=tokens, vocab_width=width,
+                                        lookup=None if draft is not None else _RepeatLast(max_tokens=g)).stats)
                       for g in gammas)
         rounds.append((plain, o_lo, o_hi))
     plain, o_lo, o_hi = (sorted(col)[len(col) // 2] for col in zip(*rounds))
     lo, hi = gammas
     slope = max((o_hi - o_lo) / (hi - lo), 0.0)
     for backend in (target, draft):   # leave the caches as _forward_medians does: the prompt
-        backend.rollback(min(backend.n_cached, len(prompt_ids)))
+        if backend is not None:
+            backend.rollback(min(backend.n_cached, len(prompt_ids)))
     return (max(o_lo - slope * lo, 0.0), slope), plain
+
+
+class _RepeatLast(NgramDrafter):
+    """A free draft in every step (the last token, repeated): times the engine's work of lookup steps."""
+
+    def propose_match(self, max_tokens: int | None = None) -> tuple[list[int], int]:
+        k = self.max_tokens if max_tokens is None else max_tokens
+        return self._history[-1:] * k, 1
 
 
 def _row_seconds(vocab: int, repeats: int) -> float:
@@ -256,7 +302,9 @@ def _row_seconds(vocab: int, repeats: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ cache
-def _model_identity(backend: Backend) -> str:
+def _model_identity(backend: Backend | None) -> str:
+    if backend is None:
+        return "none"
     name = str(getattr(backend, "name", type(backend).__name__))
     device = getattr(backend, "device", None)
     if device is not None:
@@ -290,7 +338,7 @@ def _versions() -> str:
     return ",".join(out)
 
 
-def profile_identity(target: Backend, draft: Backend, n_threads: int | None, g_max: int) -> str:
+def profile_identity(target: Backend, draft: Backend | None, n_threads: int | None, g_max: int) -> str:
     """What a cached profile is valid for (one line, human-readable)."""
     return (f"cpu={_cpu_model()};cores={os.cpu_count()};threads={n_threads};machine={platform.machine()};"
             f"g_max={g_max};target={_model_identity(target)};draft={_model_identity(draft)};{_versions()}")
@@ -300,12 +348,13 @@ def default_costs_dir() -> Path:
     return default_cache_dir() / "costs"
 
 
-def cached_profile(target: Backend, draft: Backend, prompt_ids: Sequence[int], *, n_threads: int | None = None,
+def cached_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *, n_threads: int | None = None,
                    g_max: int = DEFAULT_G_MAX, cache_dir: str | os.PathLike | None = None,
                    refresh: bool = False) -> tuple[CostProfile, bool]:
     """``(profile, measured_now)``: the profile stored for this machine and pair, else a fresh
     measurement (stored for next time).  An unreadable or stale file is measured again, with a
-    warning on the ``verispec.costs`` logger; a cache that cannot be written only logs."""
+    warning on the ``verispec.costs`` logger; a cache that cannot be written only logs. ``draft``
+    None: the target's profile alone (prompt lookup)."""
     threads = n_threads if n_threads is not None else getattr(target, "n_threads", None)
     identity = profile_identity(target, draft, threads, g_max)
     folder = Path(cache_dir) if cache_dir is not None else default_costs_dir()

@@ -33,6 +33,13 @@ on iff some ``h`` in ``k+1 .. g_max`` has ``(T_k + S_k·(α + … + α^{h−k}))
 (the tokens not yet drafted count with the mean ``α``): the full look-ahead, since ``v(g)`` need not be
 convex. The decision reads the draft alone, like ``--draft-stop P``.
 
+**Prompt lookup** (:class:`LookupGamma`): lookup's drafts cost nothing to make, only to verify
+(:meth:`~verispec.engine.costs.CostProfile.verify_cost`: ``v(k)`` and the engine's work). Before a
+step the proposal's first ``k`` tokens are verified for the ``k`` that maximises
+``E[tokens | k] / verify_cost(k)`` at the acceptance seen so far of lookup drafts continuing a
+suffix of the same length, if that beats the step it replaces (a plain step, or the draft model's
+chain at its chosen γ); else the step goes to the draft model or is plain.
+
 The choice depends only on past steps, never on the tokens it is about to verify, so a lossless
 rule stays exactly lossless (each verification is exact whatever ``g`` was chosen).  A lossy rule's
 output law depends on ``γ`` (where blocks end, bonus tokens are drawn from the target), as it does
@@ -55,11 +62,14 @@ def expected_tokens(alpha: float, g: int) -> float:
     return (1.0 - alpha ** (g + 1)) / (1.0 - alpha)
 
 
-def best_gamma(profile: CostProfile, alpha: float, g_max: int | None = None, unseen: int | None = None) -> int:
+def best_gamma(profile: CostProfile, alpha: float, g_max: int | None = None, unseen: int | None = None,
+               free: bool = False) -> int:
     """``argmax_g E[tokens | g] / cost(g)`` over ``g = 0 .. g_max`` (ties: the smaller ``g``); ``unseen``:
-    tokens the draft has not yet fed, where known (:meth:`CostProfile.step_cost`)."""
+    tokens the draft has not yet fed, where known (:meth:`CostProfile.step_cost`); ``free``: drafts
+    that cost nothing to make (prompt lookup, :meth:`CostProfile.verify_cost`)."""
     top = profile.g_max if g_max is None else min(g_max, profile.g_max)
-    rates = [expected_tokens(alpha, g) / profile.step_cost(g, alpha, unseen) for g in range(top + 1)]
+    rates = [expected_tokens(alpha, g) / (profile.verify_cost(g) if free else profile.step_cost(g, alpha, unseen))
+             for g in range(top + 1)]
     return max(range(top + 1), key=lambda g: (rates[g], -g))
 
 
@@ -124,6 +134,12 @@ class AutoGamma:
         self.chosen.append(g)
         return g
 
+    def rate(self, g: int, unseen: int | None = None) -> float:
+        """Expected tokens per unit of cost (target steps) of a step drafting ``g`` tokens, at the
+        optimistic acceptance that chose it (what a prompt-lookup draft has to beat)."""
+        alpha = self.alpha_upper
+        return expected_tokens(alpha, g) / self.profile.step_cost(g, alpha, unseen)
+
     def can_pay(self, unseen: int | None = None) -> bool:
         """Whether some draft length beats a plain step at acceptance α → 1 (with ``unseen`` tokens to
         feed the draft first): where it does not, exploring cannot pay either."""
@@ -167,6 +183,75 @@ class AutoGamma:
             if more / self.profile.step_cost(h, alpha) > now:
                 return True
         return False
+
+
+@dataclass
+class LookupGamma:
+    """How many tokens of a prompt-lookup draft to verify (0: none), from the machine's cost of
+    verifying drafts that cost nothing to make (:meth:`CostProfile.verify_cost`) and the acceptance
+    seen so far of lookup drafts whose matched suffix had the same length (1, 2, ..., ``max_match``
+    and longer). The chance that a copied continuation is right depends mostly on how long a suffix
+    it continues: a 1-token match is often chance, a 3-token one in code is usually a real repeat.
+
+    Per bucket: per-position acceptance ``α`` (accepted / verified lookup positions, shrunk towards
+    ``prior_alpha`` worth ``prior_weight`` positions), read optimistically (``α + optimism · sd``,
+    as :class:`AutoGamma`). :meth:`choose` keeps the ``k <= available`` tokens that maximise
+    ``E[tokens | k] / verify_cost(k)`` and drafts them iff that beats ``rival``, the rate of the
+    step it would replace (a plain step's ``1 / cost(0)``, or the draft model's chosen chain). A
+    bucket that keeps failing falls below the rival and stops drafting; its optimism bonus lets it
+    back in rarely (the sd shrinks with evidence). Like :class:`AutoGamma` the choice reads only the
+    text so far and past steps, so lossless rules stay exact."""
+
+    profile: CostProfile
+    g_max: int | None = None
+    prior_alpha: float = 0.5
+    prior_weight: float = 2.0
+    optimism: float = 1.0
+    max_match: int = 4
+    #: per bucket of matched-suffix length: accepted and verified lookup positions
+    accepted: list[int] = field(init=False)
+    verified: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.prior_alpha < 1.0:
+            raise ValueError(f"prior_alpha must lie in (0, 1), got {self.prior_alpha}")
+        if self.prior_weight <= 0 or self.optimism < 0 or self.max_match < 1:
+            raise ValueError("prior_weight must be > 0, optimism >= 0 and max_match >= 1")
+        self.g_max = self.profile.g_max if self.g_max is None else min(int(self.g_max), self.profile.g_max)
+        if self.g_max < 1:
+            raise ValueError(f"g_max must be >= 1, got {self.g_max}")
+        self.accepted = [0] * self.max_match
+        self.verified = [0] * self.max_match
+
+    def _bucket(self, match: int) -> int:
+        if match < 1:
+            raise ValueError(f"a lookup draft continues a matched suffix of >= 1 token, got {match}")
+        return min(match, self.max_match) - 1
+
+    def alpha(self, match: int) -> float:
+        """Estimated per-position acceptance of lookup drafts continuing a ``match``-token suffix."""
+        b = self._bucket(match)
+        return (self.accepted[b] + self.prior_alpha * self.prior_weight) / (self.verified[b] + self.prior_weight)
+
+    def alpha_upper(self, match: int) -> float:
+        a, n = self.alpha(match), self.verified[self._bucket(match)] + self.prior_weight
+        return min(a + self.optimism * math.sqrt(a * (1.0 - a) / (n + 1.0)), 1.0)
+
+    def choose(self, available: int, match: int, rival: float) -> int:
+        """How many of ``available`` proposed tokens to verify (0: leave the step to ``rival``)."""
+        alpha = self.alpha_upper(match)
+        best, best_rate = 0, rival
+        for k in range(1, min(available, self.g_max) + 1):
+            rate = expected_tokens(alpha, k) / self.profile.verify_cost(k)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def update(self, match: int, n_accepted: int, g: int) -> None:
+        """Record a verified lookup step: ``n_accepted`` of its ``g`` tokens accepted."""
+        b = self._bucket(match)
+        self.accepted[b] += n_accepted
+        self.verified[b] += min(n_accepted + 1, g)
 
 
 #: bins of the draft's probability of its token, for the per-token stop rule

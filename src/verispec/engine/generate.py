@@ -29,6 +29,7 @@ Both loops share their prologue (prompt checks, generator, output buffer) and ep
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -36,7 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from verispec.engine.costs import CostProfile
-from verispec.engine.gamma import AutoGamma
+from verispec.engine.gamma import AutoGamma, LookupGamma
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.sources import DraftSources
 from verispec.engine.stats import CallCosts, Stats
@@ -247,7 +248,10 @@ def generate(
     earlier match of the text's suffix proposes up to ``g`` tokens; they are verified as deterministic
     candidates (point masses, :mod:`verispec.rules.tree`), the draft model drafting only when nothing
     matches. With ``draft=None`` lookup is the only draft source and a step without a match is a
-    plain target step. ``head`` (an :class:`~verispec.models.eagle3.Eagle3Drafter`, with
+    plain target step. With ``gamma="auto"`` the cost model also decides how many of lookup's tokens
+    to verify, if any (:class:`LookupGamma`: by the acceptance seen per matched-suffix length, against
+    a plain step or the draft model's chain; ``costs`` may then be a profile without a draft model,
+    ``cached_profile(target, None, ...)``). ``head`` (an :class:`~verispec.models.eagle3.Eagle3Drafter`, with
     ``draft=None``): EAGLE-3 draft trees grown from the target's hidden states (the target must be an
     ``HFBackend`` built with ``capture_hidden=head.head.target_layers``). Draft sources and their cache
     bookkeeping: :mod:`verispec.engine.sources`. ``draft_stop``: the draft model stops drafting a
@@ -275,9 +279,12 @@ def generate(
                          "and the tree spec")
     if lookup is not None and spec is not None:
         raise ValueError("prompt lookup drafts chains; it does not combine with a tree (drop one)")
-    if draft is None and (policy is not None or gamma == "auto"):
-        raise ValueError("gamma='auto' weighs the draft model's cost; prompt lookup alone or a head needs a "
-                         "fixed gamma")
+    if draft is None and policy is not None:
+        raise ValueError("an AutoGamma policy chooses the draft model's chains: with prompt lookup alone pass "
+                         "gamma='auto'")
+    if isinstance(costs, CostProfile) and draft is not None and not costs.has_draft:
+        raise ValueError("the cost profile was measured without a draft model (for prompt lookup alone): measure "
+                         "one with this draft model (cached_profile(target, draft, ...))")
     stop_auto = draft_stop == "auto"
     if stop_auto:
         if spec is not None or head is not None or draft is None:
@@ -296,9 +303,15 @@ def generate(
         if not isinstance(costs, CostProfile):
             raise ValueError("gamma='auto' needs the machine's cost profile: pass costs=CostProfile "
                              "(verispec.engine.cached_profile or measure_profile)")
-        policy = AutoGamma(costs, by_confidence=stop_auto)
+        if draft is not None:
+            policy = AutoGamma(costs, by_confidence=stop_auto)
+        lookup_policy = LookupGamma(costs) if lookup is not None else None
+    else:
+        lookup_policy = None
     if policy is not None:
         gamma = policy.fixed or policy.g_max
+    elif lookup_policy is not None:
+        gamma = lookup_policy.g_max
     elif spec is not None or head is not None:
         gamma = spec.depth if spec is not None else head.depth
     elif isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
@@ -320,7 +333,8 @@ def generate(
     if lookup is not None:
         check_tree_rule(rule, TreeSpec("static", "deterministic", (1,) * gamma))
     run = Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
-                                                    gamma_policy=_policy_label(policy), tree=spec_text),
+                                                    gamma_policy=_policy_label(policy, lookup_policy),
+                                                    tree=spec_text),
                     max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
     stats, out, ids = run.stats, run.out, run.ids
     if draft is not None:
@@ -341,19 +355,26 @@ def generate(
             target.forward(ids[:-1], all_logits=False)
         sources.prefill(ids)
 
-    # the cost model covers draft-model chains (γ <= its g_max, checked above): not trees or heads
+    # the cost model covers chains of the draft model and of lookup (γ <= its g_max, checked above)
     profile = costs if isinstance(costs, CostProfile) and spec is None and head is None else None
     modelled = 0.0   # the cost model's time of the steps taken, in target steps
     run.start()
     while True:
         unseen = len(sources.pending) if draft is not None else None   # the draft's catch-up this step
-        g = min(policy.next(unseen) if policy else gamma, out.remaining - 1)
-        # 1. draft a tree (a chain: one child per node) below the root, or nothing
-        proposal = sources.propose(g)
+        cap = out.remaining - 1
+        g = min(policy.next(unseen) if policy else (0 if lookup_policy and draft is None else gamma), cap)
+        # 1. draft a tree (a chain: one child per node) below the root, or nothing; with lookup_policy
+        # lookup's draft must beat the step it replaces (the draft model's chain of g, or a plain step)
+        choose = None
+        if lookup_policy is not None:
+            rival = policy.rate(g, unseen) if policy is not None else 1.0 / profile.verify_cost(0)
+            choose = functools.partial(lookup_policy.choose, rival=rival)
+        proposal = sources.propose(g, min(lookup_policy.g_max, cap) if lookup_policy else None, choose)
         drafted = max(proposal.depths(), default=-1) + 1 if proposal is not None else 0
         stats.record_gamma(drafted)
         if profile is not None:
-            modelled += profile.step_cost(drafted, unseen=unseen)
+            free = proposal is not None and proposal.source == "lookup"
+            modelled += profile.verify_cost(drafted) if free else profile.step_cost(drafted, unseen=unseen)
         if proposal is None:
             # A plain target step (one token left, nothing to draft, or the policy found drafting
             # not worth it): the next token comes from the target alone (bonus semantics).
@@ -396,6 +417,8 @@ def generate(
             policy.update(n, drafted, confidences)
         if proposal.source == "lookup":
             stats.lookup_accepted += n
+            if lookup_policy is not None:
+                lookup_policy.update(sources.lookup_match, n, drafted)
         if observer is not None and spec is None and from_model:
             observer(p.cpu(), proposal.q[:drafted].cpu(), torch.tensor(proposal.tokens), n)
         if tree_observer is not None:
@@ -408,18 +431,17 @@ def generate(
         target.commit_tree_path([0] + [i + 1 for i in path])
         sources.after_step(proposal, path, emitted)
     result = run.result()
-    # the cost model covers draft-model chains: none for trees, heads or draft-free (lookup) steps
-    chains_only = spec is None and head is None and not stats.lookup_steps
-    if profile is not None and chains_only:
+    # a profile models chains of the draft model and of lookup; CallCosts (one fixed γ) the draft model's only
+    if profile is not None:
         stats.cost_model_speedup = profile.speedup(stats.new_tokens, modelled) if modelled else None
-    elif costs is not None and chains_only:
+    elif costs is not None and spec is None and head is None and not stats.lookup_steps:
         stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
     return result
 
 
-def _policy_label(policy: AutoGamma | None) -> str:
+def _policy_label(policy: AutoGamma | None, lookup_policy: LookupGamma | None) -> str:
     if policy is None:
-        return "fixed"
+        return "auto" if lookup_policy is not None else "fixed"
     base = "fixed" if policy.fixed is not None else "auto"
     return base + "+stop" if policy.by_confidence else base
 

@@ -68,16 +68,21 @@ class NgramDrafter:
         """Up to ``max_tokens`` (default: the constructor's) tokens that followed the most recent earlier
         occurrence of the longest matching suffix n-gram; fewer when that continuation reaches the end of
         the history, ``[]`` when no suffix of ``min_ngram`` tokens or more occurred before."""
+        return self.propose_match(max_tokens)[0]
+
+    def propose_match(self, max_tokens: int | None = None) -> tuple[list[int], int]:
+        """``(tokens, n)``: :meth:`propose`'s tokens and the length ``n`` of the suffix n-gram they
+        continue (0 when there is no match), which is what their chance of acceptance depends on most."""
         k = self.max_tokens if max_tokens is None else _check_int("max_tokens", max_tokens, 0)
         hist, last = self._history, self._last
         size = len(hist)
         if k == 0:
-            return []
+            return [], 0
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
             end = last.get(tuple(hist[size - n:]))
             if end is not None:
-                return hist[end:end + k]
-        return []
+                return hist[end:end + k], n
+        return [], 0
 
 
 def lookup_for(settings, gamma: int) -> NgramDrafter | None:

@@ -37,6 +37,8 @@ class DraftSources:
         self.stop_below, self.keep_drafting, self.keep_raw = stop_below, keep_drafting, keep_raw
         self.spec, self.sampling, self.width, self.gen, self.stats = spec, sampling, width, generator, stats
         self.pending: list[int] = []
+        #: length of the suffix the last lookup proposal continued (0: no match)
+        self.lookup_match = 0
 
     @property
     def root(self) -> int:
@@ -55,15 +57,21 @@ class DraftSources:
             self.head.observe(ids[:-1], self._hidden(len(ids) - 1))
         self.pending = [ids[-1]]
 
-    def propose(self, g: int) -> DraftProposal | None:
-        """A draft at most ``g`` deep below the root, or None for a plain target step."""
-        if g < 1:
-            return None
+    def propose(self, g: int, lookup_cap: int | None = None, choose_lookup=None) -> DraftProposal | None:
+        """A draft at most ``g`` deep below the root, or None for a plain target step. Prompt lookup
+        goes first, with up to ``lookup_cap`` tokens (default ``g``), of which ``choose_lookup(n,
+        match)`` keeps how many to verify (default all; 0: the step goes to the other sources) given
+        ``n`` proposed tokens continuing a ``match``-token suffix (kept in :attr:`lookup_match`)."""
         if self.lookup is not None:
-            tokens = self.lookup.propose(g)
+            cap = g if lookup_cap is None else lookup_cap
+            tokens, self.lookup_match = self.lookup.propose_match(cap) if cap >= 1 else ([], 0)
+            if tokens and choose_lookup is not None:
+                tokens = tokens[:choose_lookup(len(tokens), self.lookup_match)]
             if tokens:
                 self.stats.lookup_steps += 1
                 return lookup_proposal(tokens)
+        if g < 1:
+            return None
         if self.head is not None:
             with self.stats.timing("draft_s"):
                 tokens, parents, _ = self.head.grow(self.root)
