@@ -118,7 +118,7 @@ def cmd_generate(args) -> int:
     else:
         costs = None
         lookup = lookup_for(args, DEFAULT_G_MAX if args.gamma == "auto" else args.gamma)
-        if not args.no_cost_model and args.tree is None and head is None and (draft is not None or lookup):
+        if not args.no_cost_model and args.tree is None and head is None and (draft is not None or lookup is not None):
             g_max = DEFAULT_G_MAX if args.gamma == "auto" else max(DEFAULT_G_MAX, args.gamma)
             costs, measured = cached_profile(target, draft, prompt_ids, n_threads=args.n_threads, g_max=g_max)
             if measured and not args.json:
