@@ -21,7 +21,14 @@ and round so that a slow spell of the machine hits all of them:
   past drafts when scikit-learn is installed);
 * ``transformers heuristic``: the ``heuristic`` schedule (γ + 2 after a fully accepted block, γ − 1
   otherwise) from γ = G, no confidence stop;
-* ``transformers constant γ=G``: G drafts every step, no confidence stop (the same work as ours).
+* ``transformers constant γ=G``: G drafts every step, no confidence stop (the same work as ours);
+* ``verispec prompt lookup (auto)`` and ``transformers prompt lookup``: draft-free drafting on both
+  sides, no assistant model: ours with ``gamma="auto"`` (the cost model decides per step whether
+  and how much of lookup's draft to verify; its target costs are read from the pair's profile),
+  theirs with ``prompt_lookup_num_tokens=10`` (its documented example; matches of up to 2 tokens).
+
+``--only a,b`` keeps the modes whose names contain one of the given texts (e.g. ``--only
+target-only,lookup`` for the draft-free comparison alone).
 
 Printed per mode: tokens/s (all tokens over all wall time, prefill included), tokens per target
 forward (BE; verispec: its statistics, prefill excluded; transformers: forwards of the target's
@@ -30,7 +37,7 @@ draft length per step (transformers: draft forwards per target forward, one per 
 and the speed-up over verispec's target-only and over each transformers mode.
 
     .venv/bin/python benchmarks/assisted.py [--tokens 96] [--rounds 1] [--gamma 5] [--prompts 4]
-        [--target embedded-target] [--draft embedded-draft] [--dtype float32] [--g-max 12]
+        [--target embedded-target] [--draft embedded-draft] [--dtype float32] [--g-max 12] [--only a,b]
 """
 
 from __future__ import annotations
@@ -113,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--g-max", type=int, default=12, help="longest draft the cost profile measures (auto's cap)")
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
     ap.add_argument("--skip-target-only", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated texts: run the modes whose names contain one")
     args = ap.parse_args(argv)
 
     from verispec.models import check_compatible
@@ -140,10 +148,12 @@ def main(argv=None) -> int:
     def ours(mode):
         def run(ids, n, seed):
             kw = {"gamma": "auto", "draft_stop": "auto"} if mode != "fixed" else {"gamma": g}
-            if mode == "auto+lookup":
-                kw["lookup"] = NgramDrafter(min_ngram=2)
-            r = generate(target, draft, ids, rule="lossless", sampling=sampling, max_new_tokens=n, seed=seed,
-                         vocab_width=width, costs=profile, **kw)
+            if mode in ("auto+lookup", "lookup"):
+                kw["lookup"] = NgramDrafter(min_ngram=1, max_ngram=4)   # auto judges matches by their length
+            if mode == "lookup":
+                kw.pop("draft_stop")
+            r = generate(target, None if mode == "lookup" else draft, ids, rule="lossless", sampling=sampling,
+                         max_new_tokens=n, seed=seed, vocab_width=width, costs=profile, **kw)
             hist = r.stats.gamma_hist   # index k: steps that drafted k tokens
             return r.stats.new_tokens, r.stats.target_calls, sum(k * v for k, v in enumerate(hist)) / max(sum(hist), 1)
         return run
@@ -152,7 +162,7 @@ def main(argv=None) -> int:
         r = generate_target_only(target, ids, sampling=sampling, max_new_tokens=n, seed=seed, vocab_width=width)
         return r.stats.new_tokens, r.stats.target_calls, 0.0
 
-    def theirs(assist: dict | None):
+    def theirs(assist: dict | None, lookup_tokens: int = 0):
         def run(ids, n, seed):
             prompt = torch.tensor([ids])
             torch.manual_seed(seed)
@@ -163,10 +173,12 @@ def main(argv=None) -> int:
                 for key in ASSIST_KEYS:
                     setattr(draft_model.generation_config, key, assist.get(key))
                 extra["assistant_model"] = draft_model
+            if lookup_tokens:
+                extra["prompt_lookup_num_tokens"] = lookup_tokens
             out = target_model.generate(prompt, attention_mask=torch.ones_like(prompt),
                                         generation_config=hf_config(sampling, n, eos), **extra)
             new = int(out.shape[1] - prompt.shape[1])
-            calls = counter.calls - before - (assist is None)   # plain decoding: the prefill emits token 1
+            calls = counter.calls - before - (assist is None and not lookup_tokens)   # plain: prefill emits token 1
             return new, calls, (draft_counter.calls - draft_before) / max(calls, 1)
         return run
 
@@ -183,6 +195,13 @@ def main(argv=None) -> int:
          "assistant_confidence_threshold": 0.0})
     modes[f"transformers constant γ={g}"] = theirs(
         {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
+    modes["verispec prompt lookup (auto)"] = ours("lookup")
+    modes["transformers prompt lookup"] = theirs(None, lookup_tokens=10)
+    if args.only:
+        wanted = [w for w in args.only.split(",") if w]
+        modes = {name: run for name, run in modes.items() if any(w in name for w in wanted)}
+        if not modes:
+            raise SystemExit(f"--only {args.only!r} matches no mode")
 
     for run in modes.values():   # warm-up: first-call allocations and kernels, not timed
         run(prompts[0], 4, 0)

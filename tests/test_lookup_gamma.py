@@ -58,6 +58,23 @@ def test_lookup_choice_is_the_argmax_against_its_rival_per_match_length():
         LookupGamma(FREE, prior_alpha=1.0)
 
 
+def test_a_declined_bucket_is_probed_with_one_token_at_doubling_intervals():
+    """Two unlucky failures must not shut a bucket for good: after 8 consecutive declines one token is
+    verified anyway, then after 16, 32, ...; a draft chosen on its merits resets the count."""
+    pol = LookupGamma(FREE, optimism=0.0, explore_every=8)
+    plain = 1.0 / FREE.verify_cost(0)
+    pol.update(2, 0, 4)
+    pol.update(2, 0, 4)
+    probes = [i for i in range(1, 8 + 16 + 32 + 1) if pol.choose(5, 2, plain) > 0]
+    assert probes == [8, 8 + 16, 8 + 16 + 32]
+    assert pol.choose(5, 2, plain) == 0 and pol.choose(0, 2, plain) == 0   # nothing proposed: no probe, no count
+    assert pol.declined[1] == 1
+    for _ in range(40):                     # the bucket turns good: it drafts on its merits
+        pol.update(2, 4, 4)
+    assert pol.choose(5, 2, plain) > 1 and pol.declined[1] == 0
+    assert LookupGamma(FREE).choose(5, 1, plain) > 0 and pol.declined[0] == 0   # buckets count apart
+
+
 def _mixed_profile() -> CostProfile:
     """A draft model worth drafting with (c = 0.1) and a target whose blocks cost 1 + 0.4·g steps."""
     return CostProfile(draft_token=0.001, target_block=tuple(0.01 * (1 + 0.4 * g) for g in range(9)),

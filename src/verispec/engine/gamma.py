@@ -96,13 +96,9 @@ class AutoGamma:
     bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.prior_alpha < 1.0:
-            raise ValueError(f"prior_alpha must lie in (0, 1), got {self.prior_alpha}")
         if self.prior_weight < 0 or self.explore_every < 1 or self.optimism < 0:
             raise ValueError("prior_weight and optimism must be >= 0 and explore_every >= 1")
-        self.g_max = self.profile.g_max if self.g_max is None else min(int(self.g_max), self.profile.g_max)
-        if self.g_max < 1:
-            raise ValueError(f"g_max must be >= 1, got {self.g_max}")
+        self.g_max = _checked_cap(self.profile, self.g_max, self.prior_alpha)
 
     @property
     def alpha(self) -> float:
@@ -197,9 +193,12 @@ class LookupGamma:
     ``prior_alpha`` worth ``prior_weight`` positions), read optimistically (``α + optimism · sd``,
     as :class:`AutoGamma`). :meth:`choose` keeps the ``k <= available`` tokens that maximise
     ``E[tokens | k] / verify_cost(k)`` and drafts them iff that beats ``rival``, the rate of the
-    step it would replace (a plain step's ``1 / cost(0)``, or the draft model's chosen chain). A
-    bucket that keeps failing falls below the rival and stops drafting; its optimism bonus lets it
-    back in rarely (the sd shrinks with evidence). Like :class:`AutoGamma` the choice reads only the
+    step it would replace (a plain step's ``1 / cost(0)``, or the draft model's chosen chain). The
+    optimism lets an untried bucket draft; one that keeps failing falls below the rival, and since
+    a declined draft teaches nothing, two unlucky early failures could shut a good bucket for the
+    whole generation: so every ``explore_every``-th consecutive decline in a bucket verifies one
+    token anyway, and each such probe doubles the wait before the next (a bucket that really is
+    bad costs a logarithmic number of one-token probes). Like :class:`AutoGamma` the choice reads only the
     text so far and past steps, so lossless rules stay exact."""
 
     profile: CostProfile
@@ -208,20 +207,22 @@ class LookupGamma:
     prior_weight: float = 2.0
     optimism: float = 1.0
     max_match: int = 4
+    explore_every: int = 8
     #: per bucket of matched-suffix length: accepted and verified lookup positions
     accepted: list[int] = field(init=False)
     verified: list[int] = field(init=False)
+    #: per bucket: consecutive declines, and how many of them trigger the next one-token probe
+    declined: list[int] = field(init=False)
+    probe_after: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.prior_alpha < 1.0:
-            raise ValueError(f"prior_alpha must lie in (0, 1), got {self.prior_alpha}")
-        if self.prior_weight <= 0 or self.optimism < 0 or self.max_match < 1:
-            raise ValueError("prior_weight must be > 0, optimism >= 0 and max_match >= 1")
-        self.g_max = self.profile.g_max if self.g_max is None else min(int(self.g_max), self.profile.g_max)
-        if self.g_max < 1:
-            raise ValueError(f"g_max must be >= 1, got {self.g_max}")
+        if self.prior_weight <= 0 or self.optimism < 0 or self.max_match < 1 or self.explore_every < 1:
+            raise ValueError("prior_weight must be > 0, optimism >= 0, max_match and explore_every >= 1")
+        self.g_max = _checked_cap(self.profile, self.g_max, self.prior_alpha)
         self.accepted = [0] * self.max_match
         self.verified = [0] * self.max_match
+        self.declined = [0] * self.max_match
+        self.probe_after = [self.explore_every] * self.max_match
 
     def _bucket(self, match: int) -> int:
         if match < 1:
@@ -245,13 +246,32 @@ class LookupGamma:
             rate = expected_tokens(alpha, k) / self.profile.verify_cost(k)
             if rate > best_rate:
                 best, best_rate = k, rate
-        return best
+        b = self._bucket(match)
+        if best > 0 or available < 1:
+            self.declined[b] = 0 if best > 0 else self.declined[b]
+            return best
+        self.declined[b] += 1
+        if self.declined[b] < self.probe_after[b]:
+            return 0
+        self.declined[b] = 0
+        self.probe_after[b] *= 2
+        return 1
 
     def update(self, match: int, n_accepted: int, g: int) -> None:
         """Record a verified lookup step: ``n_accepted`` of its ``g`` tokens accepted."""
         b = self._bucket(match)
         self.accepted[b] += n_accepted
         self.verified[b] += min(n_accepted + 1, g)
+
+
+def _checked_cap(profile: CostProfile, g_max: int | None, prior_alpha: float) -> int:
+    """The policy's longest draft (``g_max`` within the profile's range) after checking its prior."""
+    if not 0.0 < prior_alpha < 1.0:
+        raise ValueError(f"prior_alpha must lie in (0, 1), got {prior_alpha}")
+    cap = profile.g_max if g_max is None else min(int(g_max), profile.g_max)
+    if cap < 1:
+        raise ValueError(f"g_max must be >= 1, got {cap}")
+    return cap
 
 
 #: bins of the draft's probability of its token, for the per-token stop rule
