@@ -8,7 +8,11 @@ With ``γ auto`` the cost model chooses, step by step, whether and how much of l
 verify (``LookupGamma``, from the machine's cached cost profile: ``cached_profile(target, None)`` for
 lookup alone) and the draft model's γ. Settings are interleaved round by round. Printed per dataset
 and setting: tokens per target call (BE), the share of steps drafted by lookup and their mean accepted
-tokens, tokens/s over target-only, and the cost model's predicted speedup (mean over the runs).
+tokens, tokens/s over target-only (ratio of the medians), the median and range of the per-run
+ratios to the target-only run of the same prompt and round (adjacent in time, so a machine that
+speeds up or slows down over minutes cancels out), and the cost model's predicted speedup (mean
+over the runs). ``--only a,b`` keeps the settings whose names contain one of the texts (target-only
+always runs).
 
     .venv/bin/python benchmarks/ngram.py [--datasets humaneval,gsm8k] [--limit 3] [--tokens 128]
         [--gamma 3] [--lookup-gamma 5] [--min-ngram 1] [--rounds 1] [--sampling temperature=0.7,top_k=20,top_p=0.8]
@@ -43,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
     ap.add_argument("--n-threads", type=int, default=None)
+    ap.add_argument("--only", default="", help="comma-separated texts: run the settings whose names contain one")
     args = ap.parse_args(argv)
     sampling = SamplingConfig.parse(args.sampling)
     data = DataSettings(datasets=[d for d in args.datasets.split(",") if d], data_dir=args.data_dir,
@@ -50,8 +55,9 @@ def main(argv=None) -> int:
     problems = load_problems(data, print)
     settings = ModelSettings(n_threads=args.n_threads)
     target, draft, width = load_pair(settings)
-    modes = ["target-only", f"draft model γ={args.gamma}", f"lookup alone γ≤{args.lookup_gamma}",
+    names = ["target-only", f"draft model γ={args.gamma}", f"lookup alone γ≤{args.lookup_gamma}",
              "lookup alone γ auto", f"lookup + draft γ={args.gamma}", "lookup + draft γ auto"]
+    modes = names[:1] + [m for m in names[1:] if not args.only or any(w in m for w in args.only.split(",") if w)]
     probe = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
     free_costs, _ = cached_profile(target, None, probe)     # the target alone: lookup's drafts are free
     pair_costs, _ = cached_profile(target, draft, probe)
@@ -62,16 +68,16 @@ def main(argv=None) -> int:
     def run(mode: str, ids: list[int], seed: int):
         kw = dict(rule="lossless", sampling=sampling, max_new_tokens=args.tokens, seed=seed)
         auto_lookup = NgramDrafter(min_ngram=1, max_ngram=4, max_tokens=free_costs.g_max)   # the policy judges
-        if mode == modes[0]:
+        if mode == names[0]:
             return generate_target_only(target, ids, sampling=sampling, max_new_tokens=args.tokens, seed=seed).stats
-        if mode == modes[1]:
+        if mode == names[1]:
             return generate(target, draft, ids, gamma=args.gamma, vocab_width=width, **kw).stats
-        if mode == modes[2]:
+        if mode == names[2]:
             return generate(target, None, ids, gamma=args.lookup_gamma, lookup=fixed_lookup(args.lookup_gamma),
                             **kw).stats
-        if mode == modes[3]:
+        if mode == names[3]:
             return generate(target, None, ids, gamma="auto", costs=free_costs, lookup=auto_lookup, **kw).stats
-        if mode == modes[4]:
+        if mode == names[4]:
             return generate(target, draft, ids, gamma=args.gamma, vocab_width=width, lookup=fixed_lookup(args.gamma),
                             **kw).stats
         return generate(target, draft, ids, gamma="auto", costs=pair_costs, vocab_width=width, lookup=auto_lookup,
@@ -81,12 +87,14 @@ def main(argv=None) -> int:
         prompts = [target.chat_prompt(p.prompt) for p in probs]
         rates = {m: [] for m in modes}
         predicted = {m: [] for m in modes}
+        paired = {m: [] for m in modes}   # per (round, prompt): tok/s over the same prompt's target-only
         tot = {m: {"tokens": 0, "calls": 0, "steps": 0, "lookup": 0, "lookup_acc": 0} for m in modes}
         for rnd in range(args.rounds):
             for i, ids in enumerate(prompts):
                 for mode in modes:
                     st = run(mode, ids, 1000 * rnd + i)
                     rates[mode].append(st.tokens_per_s)
+                    paired[mode].append(st.tokens_per_s / rates[modes[0]][-1])
                     if st.cost_model_speedup is not None and "auto" in mode:
                         predicted[mode].append(st.cost_model_speedup)
                     t = tot[mode]
@@ -100,15 +108,17 @@ def main(argv=None) -> int:
         print(f"\n{name}: {len(prompts)} prompts x {args.rounds} rounds x {args.tokens} tokens, lossless, "
               f"{args.sampling}; target-only {base:.2f} tok/s")
         print(f"  {'setting':24} {'BE':>6} {'lookup steps':>12} {'acc/lookup':>10} {'tok/s':>7} {'vs target':>9} "
-              f"{'predicted':>9}")
+              f"{'paired (range)':>20} {'predicted':>9}")
         for mode in modes:
             t = tot[mode]
             med = statistics.median(rates[mode])
             share = f"{t['lookup'] / t['steps']:.0%}" if t["steps"] else ""
             acc = f"{t['lookup_acc'] / t['lookup']:.2f}" if t["lookup"] else ""
             pred = f"{statistics.mean(predicted[mode]):8.2f}x" if predicted[mode] else ""
+            pair = paired[mode]
+            pair_text = f"{statistics.median(pair):.2f}x ({min(pair):.2f}-{max(pair):.2f})"
             print(f"  {mode:24} {t['tokens'] / t['calls']:6.2f} {share:>12} {acc:>10} {med:7.2f} {med / base:8.2f}x "
-                  f"{pred:>9}", flush=True)
+                  f"{pair_text:>20} {pred:>9}", flush=True)
     return 0
 
 
