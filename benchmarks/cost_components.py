@@ -19,16 +19,12 @@ from verispec.runtime import tune_process
 
 tune_process()
 
+from gamma import PROMPTS  # noqa: E402  (benchmarks/gamma.py: the same prompts as the speed comparison)
+
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 from verispec.settings import ModelSettings  # noqa: E402
-
-PROMPTS = [
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May? Think step by step.",
-]
 
 
 def main(argv=None) -> int:

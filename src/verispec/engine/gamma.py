@@ -68,9 +68,25 @@ def best_gamma(profile: CostProfile, alpha: float, g_max: int | None = None, uns
     tokens the draft has not yet fed, where known (:meth:`CostProfile.step_cost`); ``free``: drafts
     that cost nothing to make (prompt lookup, :meth:`CostProfile.verify_cost`)."""
     top = profile.g_max if g_max is None else min(g_max, profile.g_max)
-    rates = [expected_tokens(alpha, g) / (profile.verify_cost(g) if free else profile.step_cost(g, alpha, unseen))
-             for g in range(top + 1)]
+    rates = [step_rate(profile, alpha, g, unseen, free) for g in range(top + 1)]
     return max(range(top + 1), key=lambda g: (rates[g], -g))
+
+
+def step_rate(profile: CostProfile, alpha: float, g: int, unseen: int | None = None, free: bool = False) -> float:
+    """Expected tokens per unit of cost (target steps) of a step drafting ``g`` tokens at per-position
+    acceptance ``alpha`` (``free``: drafts that cost nothing to make, see :func:`best_gamma`)."""
+    cost = profile.verify_cost(g) if free else profile.step_cost(g, alpha, unseen)
+    return expected_tokens(alpha, g) / cost
+
+
+def _shrunk(accepted: float, verified: float, prior: float, weight: float) -> float:
+    """Acceptance ``accepted / verified`` shrunk towards ``prior`` worth ``weight`` positions."""
+    return (accepted + prior * weight) / (verified + weight)
+
+
+def _optimistic(alpha: float, positions: float, optimism: float) -> float:
+    """``alpha`` plus ``optimism`` standard deviations of its Beta posterior after ``positions``."""
+    return min(alpha + optimism * math.sqrt(alpha * (1.0 - alpha) / (positions + 1.0)), 1.0)
 
 
 @dataclass
@@ -103,13 +119,12 @@ class AutoGamma:
     @property
     def alpha(self) -> float:
         """Current estimate of the per-position acceptance."""
-        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
+        return _shrunk(self.accepted, self.verified, self.prior_alpha, self.prior_weight)
 
     @property
     def alpha_upper(self) -> float:
         """The optimistic acceptance that chooses γ: ``alpha`` plus ``optimism`` posterior standard deviations."""
-        a, n = self.alpha, self.verified + self.prior_weight
-        return min(a + self.optimism * math.sqrt(a * (1.0 - a) / (n + 1.0)), 1.0)
+        return _optimistic(self.alpha, self.verified + self.prior_weight, self.optimism)
 
     def next(self, unseen: int | None = None) -> int:
         """Draft length for the next step (0: a plain target step); with ``by_confidence`` the most the
@@ -133,8 +148,7 @@ class AutoGamma:
     def rate(self, g: int, unseen: int | None = None) -> float:
         """Expected tokens per unit of cost (target steps) of a step drafting ``g`` tokens, at the
         optimistic acceptance that chose it (what a prompt-lookup draft has to beat)."""
-        alpha = self.alpha_upper
-        return expected_tokens(alpha, g) / self.profile.step_cost(g, alpha, unseen)
+        return step_rate(self.profile, self.alpha_upper, g, unseen)
 
     def can_pay(self, unseen: int | None = None) -> bool:
         """Whether some draft length beats a plain step at acceptance α → 1 (with ``unseen`` tokens to
@@ -155,7 +169,7 @@ class AutoGamma:
     def acceptance_at(self, confidence: float) -> float:
         """Estimated acceptance of a drafted token the draft gave probability ``confidence``."""
         b = _bin(confidence)
-        return (self.bin_accepted[b] + self.alpha * self.prior_weight) / (self.bin_verified[b] + self.prior_weight)
+        return _shrunk(self.bin_accepted[b], self.bin_verified[b], self.alpha, self.prior_weight)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Whether to draft one more token after drafting tokens of these draft probabilities (see the
@@ -232,23 +246,24 @@ class LookupGamma:
     def alpha(self, match: int) -> float:
         """Estimated per-position acceptance of lookup drafts continuing a ``match``-token suffix."""
         b = self._bucket(match)
-        return (self.accepted[b] + self.prior_alpha * self.prior_weight) / (self.verified[b] + self.prior_weight)
+        return _shrunk(self.accepted[b], self.verified[b], self.prior_alpha, self.prior_weight)
 
     def alpha_upper(self, match: int) -> float:
-        a, n = self.alpha(match), self.verified[self._bucket(match)] + self.prior_weight
-        return min(a + self.optimism * math.sqrt(a * (1.0 - a) / (n + 1.0)), 1.0)
+        return _optimistic(self.alpha(match), self.verified[self._bucket(match)] + self.prior_weight, self.optimism)
 
     def choose(self, available: int, match: int, rival: float) -> int:
         """How many of ``available`` proposed tokens to verify (0: leave the step to ``rival``)."""
+        if available < 1:
+            return 0
         alpha = self.alpha_upper(match)
         best, best_rate = 0, rival
         for k in range(1, min(available, self.g_max) + 1):
-            rate = expected_tokens(alpha, k) / self.profile.verify_cost(k)
+            rate = step_rate(self.profile, alpha, k, free=True)
             if rate > best_rate:
                 best, best_rate = k, rate
         b = self._bucket(match)
-        if best > 0 or available < 1:
-            self.declined[b] = 0 if best > 0 else self.declined[b]
+        if best > 0:
+            self.declined[b] = 0
             return best
         self.declined[b] += 1
         if self.declined[b] < self.probe_after[b]:

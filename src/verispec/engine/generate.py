@@ -362,7 +362,7 @@ def generate(
     while True:
         unseen = len(sources.pending) if draft is not None else None   # the draft's catch-up this step
         cap = out.remaining - 1
-        g = min(policy.next(unseen) if policy else (0 if lookup_policy and draft is None else gamma), cap)
+        g = min(policy.next(unseen) if policy else gamma, cap)
         # 1. draft a tree (a chain: one child per node) below the root, or nothing; with lookup_policy
         # lookup's draft must beat the step it replaces (the draft model's chain of g, or a plain step)
         choose = None

@@ -64,7 +64,7 @@ class DraftSources:
         ``n`` proposed tokens continuing a ``match``-token suffix (kept in :attr:`lookup_match`)."""
         if self.lookup is not None:
             cap = g if lookup_cap is None else lookup_cap
-            tokens, self.lookup_match = self.lookup.propose_match(cap) if cap >= 1 else ([], 0)
+            tokens, self.lookup_match = self.lookup.propose_match(cap)
             if tokens and choose_lookup is not None:
                 tokens = tokens[:choose_lookup(len(tokens), self.lookup_match)]
             if tokens:
