@@ -22,6 +22,13 @@ and round so that a slow spell of the machine hits all of them:
 * ``transformers heuristic``: the ``heuristic`` schedule (γ + 2 after a fully accepted block, γ − 1
   otherwise) from γ = G, no confidence stop;
 * ``transformers constant γ=G``: G drafts every step, no confidence stop (the same work as ours);
+* ``transformers default, weight-major linears`` and ``transformers constant γ=G, weight-major
+  linears``: the same inside verispec's :class:`~verispec.models.cpu_linear.WeightMajorLinear` mode
+  (multi-row linears computed as ``(W @ x.T).T``), when verispec's transformers backend chose that
+  layout on this machine: they separate what the kernel layout gives from what verispec's engine
+  and schedule give;
+* ``verispec tree SPEC`` (one per ``--trees`` entry, none by default): lossless SD drafting that tree
+  (e.g. ``dynamic:top_k=4,depth=5,nodes=16``); transformers has no tree drafting;
 * ``verispec prompt lookup (auto)`` and ``transformers prompt lookup``: draft-free drafting on both
   sides, no assistant model: ours with ``gamma="auto"`` (the cost model decides per step whether
   and how much of lookup's draft to verify; its target costs are read from the pair's profile),
@@ -30,7 +37,9 @@ and round so that a slow spell of the machine hits all of them:
 ``--only a,b`` keeps the modes whose names contain one of the given texts (e.g. ``--only
 target-only,lookup`` for the draft-free comparison alone).
 
-Printed per mode: tokens/s (all tokens over all wall time, prefill included), tokens per target
+Printed per mode: tokens/s (all tokens over all wall time, prefill included); milliseconds per
+generated token spent in target model calls, in draft model calls and outside both (engine, sampling,
+rule, transformers' own bookkeeping; forward hooks on both models); tokens per target
 forward (BE; verispec: its statistics, prefill excluded; transformers: forwards of the target's
 output layer counted by a hook, the first one included where it verifies drafts), the mean
 draft length per step (transformers: draft forwards per target forward, one per drafted token),
@@ -38,11 +47,13 @@ and the speed-up over verispec's target-only and over each transformers mode.
 
     .venv/bin/python benchmarks/assisted.py [--tokens 96] [--rounds 1] [--gamma 5] [--prompts 4]
         [--target embedded-target] [--draft embedded-draft] [--dtype float32] [--g-max 12] [--only a,b]
+        [--trees "SPEC;SPEC"]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import time
 from collections import defaultdict
@@ -56,6 +67,8 @@ import torch  # noqa: E402
 
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.engine.ngram import NgramDrafter  # noqa: E402
+from verispec.engine.tree import TreeSpec  # noqa: E402
+from verispec.models.cpu_linear import WeightMajorLinear  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 
 PROMPTS = [
@@ -87,14 +100,19 @@ def load_model(spec: str, dtype: torch.dtype):
 
 
 class CallCounter:
-    """Counts forward calls of a module (a forward hook)."""
+    """Counts forward calls of a module and the seconds spent in them (forward hooks)."""
 
     def __init__(self, module) -> None:
-        self.calls = 0
-        module.register_forward_hook(self._hook)
+        self.calls, self.seconds, self._start = 0, 0.0, 0.0
+        module.register_forward_pre_hook(self._pre)
+        module.register_forward_hook(self._post)
 
-    def _hook(self, *_) -> None:
+    def _pre(self, *_) -> None:
+        self._start = time.perf_counter()
+
+    def _post(self, *_) -> None:
         self.calls += 1
+        self.seconds += time.perf_counter() - self._start
 
 
 #: assisted-generation settings transformers takes from the assistant model's generation config
@@ -120,6 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--g-max", type=int, default=12, help="longest draft the cost profile measures (auto's cap)")
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
     ap.add_argument("--skip-target-only", action="store_true")
+    ap.add_argument("--trees", default="", help="semicolon-separated tree specs: one verispec mode each")
     ap.add_argument("--only", default="", help="comma-separated texts: run the modes whose names contain one")
     args = ap.parse_args(argv)
 
@@ -137,7 +156,10 @@ def main(argv=None) -> int:
     eos = sorted(target.eos_token_ids)
     counter = CallCounter(target_model.get_output_embeddings())   # one call per target forward
     draft_counter = CallCounter(draft_model.get_output_embeddings())
+    target_time, draft_time = CallCounter(target_model), CallCounter(draft_model)   # whole model calls
     g = args.gamma
+    print(f"verispec's linear layout for multi-row calls (measured): target {target.linear_layout}, "
+          f"draft {draft.linear_layout}")
 
     t = time.perf_counter()
     profile, measured = cached_profile(target, draft, prompts[0], g_max=args.g_max)
@@ -145,9 +167,9 @@ def main(argv=None) -> int:
           f": target token {1000 * profile.target_token:.0f} ms, c = {profile.c:.3f}, "
           + ", ".join(f"v({k}) = {profile.v(k):.2f}" for k in (1, 2, 3, 5, 8, args.g_max) if k <= profile.g_max))
 
-    def ours(mode):
+    def ours(mode, tree=None):
         def run(ids, n, seed):
-            kw = {"gamma": "auto", "draft_stop": "auto"} if mode != "fixed" else {"gamma": g}
+            kw = {"gamma": "auto", "draft_stop": "auto"} if mode != "fixed" else {"gamma": g, "tree": tree}
             if mode in ("auto+lookup", "lookup"):
                 kw["lookup"] = NgramDrafter(min_ngram=1, max_ngram=4)   # auto judges matches by their length
             if mode == "lookup":
@@ -162,7 +184,7 @@ def main(argv=None) -> int:
         r = generate_target_only(target, ids, sampling=sampling, max_new_tokens=n, seed=seed, vocab_width=width)
         return r.stats.new_tokens, r.stats.target_calls, 0.0
 
-    def theirs(assist: dict | None, lookup_tokens: int = 0):
+    def theirs(assist: dict | None, lookup_tokens: int = 0, weight_major: bool = False):
         def run(ids, n, seed):
             prompt = torch.tensor([ids])
             torch.manual_seed(seed)
@@ -175,8 +197,9 @@ def main(argv=None) -> int:
                 extra["assistant_model"] = draft_model
             if lookup_tokens:
                 extra["prompt_lookup_num_tokens"] = lookup_tokens
-            out = target_model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                        generation_config=hf_config(sampling, n, eos), **extra)
+            with WeightMajorLinear() if weight_major else contextlib.nullcontext():
+                out = target_model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                            generation_config=hf_config(sampling, n, eos), **extra)
             new = int(out.shape[1] - prompt.shape[1])
             calls = counter.calls - before - (assist is None and not lookup_tokens)   # plain: prefill emits token 1
             return new, calls, (draft_counter.calls - draft_before) / max(calls, 1)
@@ -189,12 +212,19 @@ def main(argv=None) -> int:
     modes[f"verispec γ={g}"] = ours("fixed")
     modes["verispec auto (γ and stop)"] = ours("auto")
     modes["verispec auto + prompt lookup"] = ours("auto+lookup")
+    for spec in filter(None, (t.strip() for t in args.trees.split(";"))):
+        modes[f"verispec tree {spec}"] = ours("fixed", TreeSpec.parse(spec))
     modes["transformers default"] = theirs({})
     modes[f"transformers heuristic from γ={g}"] = theirs(
         {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "heuristic_transient",
          "assistant_confidence_threshold": 0.0})
     modes[f"transformers constant γ={g}"] = theirs(
         {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
+    if target.linear_layout == "weight-major":   # transformers' schedules with verispec's kernel layout
+        modes["transformers default, weight-major linears"] = theirs({}, weight_major=True)
+        modes[f"transformers constant γ={g}, weight-major linears"] = theirs(
+            {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "constant",
+             "assistant_confidence_threshold": 0.0}, weight_major=True)
     modes["verispec prompt lookup (auto)"] = ours("lookup")
     modes["transformers prompt lookup"] = theirs(None, lookup_tokens=10)
     if args.only:
@@ -205,10 +235,12 @@ def main(argv=None) -> int:
 
     for run in modes.values():   # warm-up: first-call allocations and kernels, not timed
         run(prompts[0], 4, 0)
-    totals = defaultdict(lambda: [0, 0.0, 0, 0.0, 0])   # tokens, seconds, target calls, draft length sum, runs
+    # tokens, seconds, target calls, draft length sum, runs, seconds in target / draft model calls
+    totals = defaultdict(lambda: [0, 0.0, 0, 0.0, 0, 0.0, 0.0])
     for rnd in range(args.rounds):
         for i, ids in enumerate(prompts):
             for name, run in modes.items():
+                in_target, in_draft = target_time.seconds, draft_time.seconds
                 t = time.perf_counter()
                 tok, calls, mean_g = run(ids, args.tokens, 1000 * rnd + i)
                 tot = totals[name]
@@ -217,6 +249,8 @@ def main(argv=None) -> int:
                 tot[2] += calls
                 tot[3] += mean_g
                 tot[4] += 1
+                tot[5] += target_time.seconds - in_target
+                tot[6] += draft_time.seconds - in_draft
             print(f"round {rnd + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} done", flush=True)
 
     sklearn = importlib.util.find_spec("sklearn") is not None
@@ -226,14 +260,17 @@ def main(argv=None) -> int:
           f"{'adapted (scikit-learn present)' if sklearn else 'fixed at 0.4 (no scikit-learn)'}")
     tps = {name: tot[0] / tot[1] for name, tot in totals.items()}
     ref = tps.get("verispec target-only")
-    theirs_names = [n for n in tps if n.startswith("transformers") and "target-only" not in n]
-    head = f"{'mode':36} {'tok/s':>7} {'BE':>6} {'mean γ':>7}"
+    theirs_names = [n for n in tps if n.startswith("transformers") and "target-only" not in n
+                    and "weight-major" not in n]
+    head = f"{'mode':48} {'tok/s':>7} {'BE':>6} {'mean γ':>7} {'ms/tok: target':>14} {'draft':>6} {'other':>6}"
     head += f" {'vs target-only':>15}" if ref else ""
     head += "".join(f" {'vs ' + n.removeprefix('transformers '):>22}" for n in theirs_names)
     print(head)
     for name, tot in totals.items():
         be = tot[0] / tot[2] if tot[2] else float("nan")
-        line = f"{name:36} {tps[name]:7.2f} {be:6.2f} {tot[3] / tot[4]:7.2f}"
+        per_tok = [1000 * x / max(tot[0], 1) for x in (tot[5], tot[6], tot[1] - tot[5] - tot[6])]
+        line = f"{name:48} {tps[name]:7.2f} {be:6.2f} {tot[3] / tot[4]:7.2f} {per_tok[0]:14.0f} {per_tok[1]:6.0f} " \
+               f"{per_tok[2]:6.0f}"
         line += f" {tps[name] / ref:14.2f}x" if ref else ""
         line += "".join(f" {tps[name] / tps[n]:21.2f}x" for n in theirs_names)
         print(line)

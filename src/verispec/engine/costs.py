@@ -24,8 +24,9 @@ holds only those.
 fixed γ); :func:`cached_profile` returns the profile stored for this machine and model pair
 (``costs/<key>.json`` in the verispec cache, ``~/.cache/verispec`` by default), measuring and storing
 it when there is none or when asked to refresh (``verispec calibrate``).  The key covers the CPU model,
-the core count, the thread count, the backends' names and their model files' sizes and mtimes, and
-the llama.cpp / torch versions, so that a profile is never reused where its costs would differ.
+the core count, the thread count, the backends' names, devices and (transformers) linear layouts,
+their model files' sizes and mtimes, and the llama.cpp / torch versions, so that a profile is never
+reused where its costs would differ.
 """
 
 from __future__ import annotations
@@ -306,10 +307,13 @@ def _model_identity(backend: Backend | None) -> str:
     if backend is None:
         return "none"
     name = str(getattr(backend, "name", type(backend).__name__))
+    path = getattr(backend, "path", None) or name.split(":", 1)[-1]
     device = getattr(backend, "device", None)
     if device is not None:
         name += f"@{device}"
-    path = getattr(backend, "path", None) or name.split(":", 1)[-1]
+    layout = getattr(backend, "linear_layout", None)   # the transformers backend's product layout
+    if layout is not None:
+        name += f"[{layout}]"
     try:
         st = os.stat(path)
         return f"{name}|{st.st_size}|{int(st.st_mtime)}"

@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from .base import Backend, check_forward_tokens, check_rollback_length
+from .cpu_linear import linear_mode
 
 #: Default number of free columns the transformers cache may carry before it is compacted.
 COMPACT_SLACK = 64
@@ -334,7 +335,8 @@ class HFBatchBackend(_TextOf):
         if self._keep_kw is not None and wanted != "all":
             kwargs[self._keep_kw] = 1   # right-aligned: every row's last token is the last column
         try:
-            out = self.model(input_ids=input_ids, **kwargs)
+            with linear_mode(self.single.linear_layout, batch * t_new):
+                out = self.model(input_ids=input_ids, **kwargs)
         except BaseException:
             self._select_columns(n_old)   # layers may have been extended unevenly
             raise

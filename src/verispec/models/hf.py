@@ -25,6 +25,7 @@ from .base import (
     check_tree_path,
     tree_open_error,
 )
+from .cpu_linear import linear_mode, resolve_linear_layout
 
 # Token strings that end a turn/sequence in common chat models (added to the configured EOS ids).
 _EOG_STRINGS = (
@@ -67,6 +68,12 @@ class HFBackend:
     target too large for one GPU; ``device`` is then ignored: inputs go to the embedding layer's
     device, logits come from the output layer's.
 
+    ``linear_layout``: how linear layers of a few input rows (verification blocks, trees) are computed:
+    ``"standard"`` (``F.linear``), ``"weight-major"`` (``(W @ x.T).T``, which streams each weight once
+    where the BLAS's small-row product does not; see :mod:`verispec.models.cpu_linear`), or ``"auto"``
+    (default): timed once on this machine for CPU float32 models, ``"standard"`` otherwise. The
+    resolved choice is :attr:`linear_layout`. The model object is not changed.
+
     ``capture_hidden``: layer indices as in ``output_hidden_states`` (0 = embedding output, ``L`` = the
     last layer's output after the final norm, negative from the end). Then :attr:`last_hidden` holds the
     hidden states of the tokens of the last ``forward``/``forward_tree`` call at those layers,
@@ -84,6 +91,7 @@ class HFBackend:
         gguf_file: str | os.PathLike | None = None,
         capture_hidden: Sequence[int] | None = None,
         device_map: str | dict | None = None,
+        linear_layout: str = "auto",
     ) -> None:
         import transformers
 
@@ -128,6 +136,8 @@ class HFBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.dtype: torch.dtype = next(model.parameters()).dtype
+        #: "standard" or "weight-major": how this backend's multi-row model calls compute linear layers
+        self.linear_layout: str = resolve_linear_layout(linear_layout, model)
         self._out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
 
         cfg = model.config
@@ -295,7 +305,8 @@ class HFBackend:
             kwargs["output_hidden_states"] = True
         self.last_hidden = None
         try:
-            out = self.model(input_ids=input_ids, **kwargs)
+            with linear_mode(self.linear_layout, len(toks)):
+                out = self.model(input_ids=input_ids, **kwargs)
         except BaseException:
             self._truncate(before)  # layers may have been extended unevenly
             raise
