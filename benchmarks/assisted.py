@@ -27,6 +27,9 @@ and round so that a slow spell of the machine hits all of them:
   (multi-row linears computed as ``(W @ x.T).T``), when verispec's transformers backend chose that
   layout on this machine: they separate what the kernel layout gives from what verispec's engine
   and schedule give;
+* ``verispec auto, RULE`` and ``verispec γ=G, RULE`` (one pair per ``--rules`` entry, none by
+  default): a lossy rule, e.g. ``lenience:ell=0.5`` or ``speccascade:p_base=0.3``, with ``auto`` and
+  with the fixed γ (its speed-up and the γ auto chose for it; transformers has no lossy verification);
 * ``verispec tree SPEC`` (one per ``--trees`` entry, none by default): lossless SD drafting that tree
   (e.g. ``dynamic:top_k=4,depth=5,nodes=16``); transformers has no tree drafting;
 * ``verispec prompt lookup (auto)`` and ``transformers prompt lookup``: draft-free drafting on both
@@ -47,7 +50,7 @@ and the speed-up over verispec's target-only and over each transformers mode.
 
     .venv/bin/python benchmarks/assisted.py [--tokens 96] [--rounds 1] [--gamma 5] [--prompts 4]
         [--target embedded-target] [--draft embedded-draft] [--dtype float32] [--g-max 12] [--only a,b]
-        [--trees "SPEC;SPEC"]
+        [--trees "SPEC;SPEC"] [--rules "RULE;RULE"]
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--g-max", type=int, default=12, help="longest draft the cost profile measures (auto's cap)")
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
     ap.add_argument("--skip-target-only", action="store_true")
+    ap.add_argument("--rules", default="", help="semicolon-separated lossy rule specs: verispec modes with each")
     ap.add_argument("--trees", default="", help="semicolon-separated tree specs: one verispec mode each")
     ap.add_argument("--only", default="", help="comma-separated texts: run the modes whose names contain one")
     args = ap.parse_args(argv)
@@ -167,14 +171,14 @@ def main(argv=None) -> int:
           f": target token {1000 * profile.target_token:.0f} ms, c = {profile.c:.3f}, "
           + ", ".join(f"v({k}) = {profile.v(k):.2f}" for k in (1, 2, 3, 5, 8, args.g_max) if k <= profile.g_max))
 
-    def ours(mode, tree=None):
+    def ours(mode, tree=None, rule="lossless"):
         def run(ids, n, seed):
             kw = {"gamma": "auto", "draft_stop": "auto"} if mode != "fixed" else {"gamma": g, "tree": tree}
             if mode in ("auto+lookup", "lookup"):
                 kw["lookup"] = NgramDrafter(min_ngram=1, max_ngram=4)   # auto judges matches by their length
             if mode == "lookup":
                 kw.pop("draft_stop")
-            r = generate(target, None if mode == "lookup" else draft, ids, rule="lossless", sampling=sampling,
+            r = generate(target, None if mode == "lookup" else draft, ids, rule=rule, sampling=sampling,
                          max_new_tokens=n, seed=seed, vocab_width=width, costs=profile, **kw)
             hist = r.stats.gamma_hist   # index k: steps that drafted k tokens
             return r.stats.new_tokens, r.stats.target_calls, sum(k * v for k, v in enumerate(hist)) / max(sum(hist), 1)
@@ -212,6 +216,9 @@ def main(argv=None) -> int:
     modes[f"verispec γ={g}"] = ours("fixed")
     modes["verispec auto (γ and stop)"] = ours("auto")
     modes["verispec auto + prompt lookup"] = ours("auto+lookup")
+    for rule in filter(None, (r.strip() for r in args.rules.split(";"))):
+        modes[f"verispec auto, {rule}"] = ours("auto", rule=rule)
+        modes[f"verispec γ={g}, {rule}"] = ours("fixed", rule=rule)
     for spec in filter(None, (t.strip() for t in args.trees.split(";"))):
         modes[f"verispec tree {spec}"] = ours("fixed", TreeSpec.parse(spec))
     modes["transformers default"] = theirs({})
@@ -254,7 +261,8 @@ def main(argv=None) -> int:
             print(f"round {rnd + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} done", flush=True)
 
     sklearn = importlib.util.find_spec("sklearn") is not None
-    print(f"\n== transformers backend, {args.target} / {args.draft} ({args.dtype}), lossless, {args.sampling}, "
+    print(f"\n== transformers backend, {args.target} / {args.draft} ({args.dtype}), "
+          f"lossless unless a mode names a rule, {args.sampling}, "
           f"{len(prompts)} prompts x {args.rounds} rounds, up to {args.tokens} new tokens, "
           f"{torch.get_num_threads()} torch threads; transformers default's confidence threshold "
           f"{'adapted (scikit-learn present)' if sklearn else 'fixed at 0.4 (no scikit-learn)'}")
