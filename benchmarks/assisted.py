@@ -225,13 +225,12 @@ def main(argv=None) -> int:
     modes[f"transformers heuristic from γ={g}"] = theirs(
         {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "heuristic_transient",
          "assistant_confidence_threshold": 0.0})
-    modes[f"transformers constant γ={g}"] = theirs(
-        {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0})
+    constant = {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0}
+    modes[f"transformers constant γ={g}"] = theirs(constant)
     if target.linear_layout == "weight-major":   # transformers' schedules with verispec's kernel layout
         modes["transformers default, weight-major linears"] = theirs({}, weight_major=True)
-        modes[f"transformers constant γ={g}, weight-major linears"] = theirs(
-            {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "constant",
-             "assistant_confidence_threshold": 0.0}, weight_major=True)
+        modes[f"transformers constant γ={g}, weight-major linears"] = theirs(constant, weight_major=True)
     modes["verispec prompt lookup (auto)"] = ours("lookup")
     modes["transformers prompt lookup"] = theirs(None, lookup_tokens=10)
     if args.only:

@@ -54,11 +54,11 @@ class WeightMajorLinear(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _weight_major(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        if x.dim() < 2 or weight.dim() != 2 or x.device.type != "cpu":
+        if weight.dim() != 2 or x.device.type != "cpu":
             return None
         if x.dtype != torch.float32 or weight.dtype != torch.float32:
             return None
-        rows = x.numel() // max(x.shape[-1], 1)
+        rows = x.numel() // max(x.shape[-1], 1)   # a 1-D input is one row
         if not 2 <= rows <= self.max_rows:
             return None
         out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()   # [rows, out]
@@ -75,9 +75,8 @@ def _largest_linear_weight(model: torch.nn.Module) -> torch.Tensor | None:
     best = None
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module is not out_layer:
-            w = module.weight
-            if w.dim() == 2 and (best is None or w.numel() > best.numel()):
-                best = w
+            if best is None or module.weight.numel() > best.numel():
+                best = module.weight
     return best
 
 
