@@ -14,6 +14,7 @@ from verispec.bench import distortion, runner
 from verispec.bench.report import build_report
 from verispec.bench.store import ResultStore
 from verispec.diagnose.measures import snap
+from verispec.engine import VerifiedStep
 from verispec.sampling import SamplingConfig
 
 RULES = ["lossless", "speccascade:p_base=0.3", "lenience:ell=0.5", "cos_we:lam=0.5", "ceiling:kappa=2,base=we,lam=0.5"]
@@ -101,7 +102,7 @@ def test_observer_does_not_change_the_generation(tmp_path):
     kw = dict(rule="lossless", sampling=SamplingConfig.parse("temperature=1"), gamma=3, max_new_tokens=20, seed=11)
     plain = generate(target, draft, [1, 2], **kw)
     rec = distortion.SampleRecording("ds", "p")
-    observed = generate(DigitLM(1), DigitLM(2), [1, 2], observer=rec, **kw)
+    observed = generate(DigitLM(1), DigitLM(2), [1, 2], observers=[rec], **kw)
     assert observed.tokens == plain.tokens and rec.steps == sum(plain.stats.accepted_hist) > 0
 
 
@@ -197,7 +198,7 @@ def test_deferred_recording_is_bit_identical_to_recording_each_step(max_keep):
         p = sampling.process(torch.randn(g + 1, 50, generator=gen) * 2)
         q = sampling.process(torch.randn(g, 50, generator=gen) * 2)
         drafts = torch.multinomial(q, 1, generator=gen)[:, 0]
-        rec(p, q, drafts, step % (g + 1))
+        rec(VerifiedStep.from_chain(p, q, drafts.tolist(), step % (g + 1), 0))
         direct.add(p[:g], q, dataset="ds", problem_id="p", step=step, position=list(range(g)),
                    accepted=[int(j < step % (g + 1)) for j in range(g)], draft_token=drafts.tolist())
     rec.flush()

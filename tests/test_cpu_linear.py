@@ -116,7 +116,7 @@ def test_auto_on_tiny_models_keeps_standard_and_bad_layouts_are_refused():
 
 
 def test_cost_profiles_of_the_two_layouts_are_cached_apart():
-    from verispec.engine.costs import profile_identity
+    from verispec.engine.calibrate import profile_identity
 
     fast, plain = _float32_backend("weight-major"), _float32_backend("standard")
     assert profile_identity(fast, None, 2, 8) != profile_identity(plain, None, 2, 8)

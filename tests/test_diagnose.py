@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import types
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 from verispec.diagnose import (
     PositionRecorder,
     collect_corpus,
+    corpus,
     diagnostics_markdown,
     distortion_by_rule,
     measure,
@@ -27,6 +27,7 @@ from verispec.diagnose import (
     write_diagnostics_markdown,
 )
 from verispec.diagnose.measures import MEASURES
+from verispec.engine import VerifiedStep
 from verispec.rules import get
 from verispec.rules.block import BlockVerification
 from verispec.sampling import SamplingConfig
@@ -502,18 +503,17 @@ def test_collect_corpus_with_fake_engine(monkeypatch):
             self.text, self.tokens, self.stats = "x" * n, list(range(n)), None
 
     def fake_generate(target, draft, prompt_ids, *, rule, sampling, gamma, max_new_tokens, stop=(), seed=0,
-                      observer=None):
+                      observers=()):
         calls.append({"prompt": list(prompt_ids), "rule": rule, "seed": seed, "stop": stop, "gamma": gamma})
         g = torch.Generator().manual_seed(len(calls))
         for step, G in enumerate((gamma, gamma, 2)):           # the last step drafts fewer tokens
             p = torch.softmax(torch.randn(G + 1, vocab, generator=g), -1)
             q = torch.softmax(torch.randn(G, vocab, generator=g), -1)
-            observer(p, q, torch.arange(G, dtype=torch.int64) + step, 1)
+            for watch in observers:
+                watch(VerifiedStep.from_chain(p, q, (torch.arange(G) + step).tolist(), 1, 0))
         return Result(5)
 
-    fake = types.ModuleType("verispec.engine")
-    fake.generate = fake_generate
-    monkeypatch.setitem(sys.modules, "verispec.engine", fake)
+    monkeypatch.setattr(corpus, "generate", fake_generate)
 
     class Target:
         def chat_prompt(self, text):

@@ -533,7 +533,7 @@ def test_engine_tree_sd_with_a_head_greedy_lossless_equals_target_greedy(head, t
         seen[step.proposal.source][1] += len(step.path)
 
     both = generate(backend, None, prompt, rule="lossless", sampling=greedy, head=drafter, max_new_tokens=24,
-                    lookup=NgramDrafter(max_tokens=3), tree_observer=count)
+                    lookup=NgramDrafter(max_tokens=3), observers=[count])
     assert both.tokens == base.tokens
     assert both.stats.lookup_steps == seen["lookup"][0] > 0 and both.stats.lookup_accepted == seen["lookup"][1]
     assert both.stats.lookup_steps < sum(both.stats.accepted_hist)   # the head drafted the other steps

@@ -341,7 +341,11 @@ def test_batched_observers_stops_and_on_done_match_one_at_a_time():
     done: list[int] = []
 
     def watcher(store, i):
-        return lambda p, q, x, n: store[i].append((p.clone(), q.clone(), x.tolist(), n))
+        def watch(step):
+            p, q, x, n = step.chain()
+            store[i].append((p.clone(), q.clone(), x.tolist(), n))
+
+        return watch
 
     def pair(rows):
         return (RowsOfBackends([FakeLM(vocab=5, seed=1) for _ in range(rows)]),
@@ -354,7 +358,7 @@ def test_batched_observers_stops_and_on_done_match_one_at_a_time():
     assert sorted(done) == [0, 1, 2, 3]
     for i, ids in enumerate(prompts):
         ref = generate(FakeLM(vocab=5, seed=1), FakeLM(vocab=5, seed=2), ids, rule="lossless", sampling=sampling,
-                       gamma=3, max_new_tokens=12, stop=stops[i], seed=5 + i, observer=watcher(single, i))
+                       gamma=3, max_new_tokens=12, stop=stops[i], seed=5 + i, observers=[watcher(single, i)])
         assert out[i].tokens == ref.tokens and out[i].text == ref.text
         assert len(seen[i]) == len(single[i]) > 0
         for (p, q, x, n), (p1, q1, x1, n1) in zip(seen[i], single[i]):

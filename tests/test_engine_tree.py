@@ -175,7 +175,7 @@ def test_every_step_sees_caches_that_hold_exactly_the_committed_text(tree):
     for seed in range(3):
         text[:] = prompt
         generate(target, draft, prompt, rule="lossless", sampling=T1, tree=tree, max_new_tokens=30, seed=seed,
-                 tree_observer=check)
+                 observers=[check])
     assert checked[0] >= 6
 
 

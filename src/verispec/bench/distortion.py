@@ -66,7 +66,8 @@ def positions_path(store_dir: str | Path, run_id: str, problem_id: str, sample_i
 class SampleRecording:
     """Engine observer that records every drafted position of one lossless generation.
 
-    ``observer(p [G+1, V], q [G, V], draft [G], n_accepted)``: rows ``0..G−1`` of ``p`` and ``q`` are
+    Called with each :class:`~verispec.engine.VerifiedStep`; of a draft-model chain (:meth:`VerifiedStep.chain`:
+    ``p [G+1, V]``, ``q [G, V]``, ``draft [G]``, ``n_accepted``) rows ``0..G−1`` of ``p`` and ``q`` are
     recorded with meta ``dataset``, ``problem_id``, ``step``, ``position``, ``accepted``, ``draft_token``
     (the format of :func:`verispec.diagnose.corpus.collect_corpus`).
 
@@ -85,7 +86,11 @@ class SampleRecording:
         self.steps = 0
         self._pending: list[tuple] = []  # (step, vocab, support ids, p [g, S], q [g, S], draft, n_accepted)
 
-    def __call__(self, p, q, draft_tokens, n_accepted: int) -> None:
+    def __call__(self, step) -> None:
+        chain = step.chain()
+        if chain is None:
+            return
+        p, q, draft_tokens, n_accepted = chain
         g = int(q.shape[0])
         support = (p[:g] + q).amax(0).nonzero()[:, 0]  # p, q >= 0: tokens where either is positive
         draft = [int(t) for t in draft_tokens[:g]]

@@ -275,7 +275,7 @@ class SampleRunner:
             res = generate(target, draft, ids, rule=run.rule, sampling=run.sampling, gamma=gamma,
                            max_new_tokens=self.cfg.max_new_tokens, stop=problem.stop, seed=seed,
                            vocab_width=width, costs=costs.get(gamma) if tree is None else None,
-                           observer=recording, tree=tree,
+                           observers=[recording] if recording is not None else (), tree=tree,
                            lookup=lookup_for(self.cfg, DEFAULT_G_MAX if gamma == "auto" else gamma))
             if recording is not None:  # on disk before the row: a stored row implies its positions
                 recording.save(positions_path(self.out, run.key.run_id, problem.id, k), decode=target.token_piece)

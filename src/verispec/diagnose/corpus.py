@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from verispec.diagnose.record import PositionRecorder
+from verispec.engine import generate, generate_batch
 
 
 def collect_corpus(
@@ -34,12 +35,12 @@ def collect_corpus(
     """Generate each problem with ``rule="lossless"`` and record its drafted positions into ``recorder``.
 
     ``problems``: objects with ``.dataset``, ``.id``, ``.prompt`` (e.g. :class:`verispec.bench.datasets.Problem`);
-    the prompt ids are ``target.chat_prompt(problem.prompt)``. After every verification the engine's
-    observer receives ``p [G+1, V]``, ``q [G, V]``, the draft tokens ``[G]`` and the accepted count
-    ``n``; rows ``0..G−1`` of ``p`` and ``q`` are recorded with meta ``dataset``, ``problem_id``,
-    ``step`` (verification step index within the problem), ``position`` (0..G−1), ``accepted``
-    (``position < n``) and ``draft_token``. ``seed`` is passed unchanged to every generation; the
-    problem's ``stop`` strings (if it has any) are passed as ``stop``.
+    the prompt ids are ``target.chat_prompt(problem.prompt)``. After every verification an engine
+    observer reads the chain (:meth:`~verispec.engine.VerifiedStep.chain`: ``p [G+1, V]``, ``q [G, V]``,
+    the draft tokens ``[G]`` and the accepted count ``n``); rows ``0..G−1`` of ``p`` and ``q`` are recorded
+    with meta ``dataset``, ``problem_id``, ``step`` (verification step index within the problem),
+    ``position`` (0..G−1), ``accepted`` (``position < n``) and ``draft_token``. ``seed`` is passed unchanged
+    to every generation; the problem's ``stop`` strings (if it has any) are passed as ``stop``.
     Returns ``recorder``; the generation results are attached as ``recorder.generations`` (a list of
     ``(dataset, id, GenerationResult)``).
     """
@@ -71,13 +72,12 @@ def record_problem(target, draft, problem, *, sampling, gamma: int, max_new_toke
                    recorder: PositionRecorder):
     """Generate one problem with ``rule="lossless"``, recording its drafted positions into ``recorder``
     (the unit of :func:`collect_corpus`, whose docstring gives the record); returns the generation."""
-    from verispec.engine import generate  # lazy: the engine sits above the rules layer
 
     return generate(
         target, draft, target.chat_prompt(problem.prompt),
         rule="lossless", sampling=sampling, gamma=gamma,
         max_new_tokens=max_new_tokens, stop=_stop(problem),
-        seed=seed, observer=_observer(recorder, problem),
+        seed=seed, observers=[_observer(recorder, problem)],
     )
 
 
@@ -90,7 +90,11 @@ def _observer(recorder: PositionRecorder, problem):
     step = [0]
     dataset, pid = str(problem.dataset), str(problem.id)
 
-    def observer(p, q, draft_tokens, n_accepted):
+    def observer(verified):
+        chain = verified.chain()
+        if chain is None:
+            return
+        p, q, draft_tokens, n_accepted = chain
         g = int(q.shape[0])
         recorder.add(
             p[:g], q,
@@ -111,7 +115,6 @@ def collect_corpus_batched(target, draft, problems: Iterable[Any], *, sampling, 
     decoded together (continuous batching). Each problem records into a recorder of its own, merged in
     problem order, so the corpus has the layout of :func:`collect_corpus` (its values may differ by the
     round-off of batched model calls)."""
-    from verispec.engine.batch import generate_batch  # lazy: the engine sits above the rules layer
 
     problems = list(problems)
     own = [PositionRecorder(tol=recorder.tol, max_keep=recorder.max_keep) for _ in problems]

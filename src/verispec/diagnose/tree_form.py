@@ -133,7 +133,7 @@ def collect_tree_corpus(target, draft, problems: Iterable[Any], *, sampling, tre
 
             generate(target, draft, target.chat_prompt(problem.prompt), rule="lossless", sampling=sampling,
                      tree=spec, max_new_tokens=max_new_tokens, stop=tuple(getattr(problem, "stop", ()) or ()),
-                     seed=seed, tree_observer=observe)
+                     seed=seed, observers=[observe])
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(nodes=len(corpus))

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.engine.generate import Decoding, GenerationResult, check_prompt
-from verispec.engine.stats import Stats
+from verispec.engine.decoding import Decoding, GenerationResult, Observer, VerifiedStep, check_prompt
+from verispec.engine.stats import Section, Stats
 from verispec.models.base import check_compatible, logits_device, tokenizer_size
 from verispec.models.batch import BatchBackend, row_slices
 from verispec.rules import Rule
@@ -113,22 +113,9 @@ class _Row:
         self.pending: list[int] = []
 
 
-class _Timed:
-    """Adds a section's seconds to ``field`` of every row's stats and of the batch totals."""
-
-    __slots__ = ("rows", "name", "totals", "t0")
-
-    def __init__(self, rows: Sequence[_Row], name: str, totals: BatchResult) -> None:
-        self.rows, self.name, self.totals = rows, name, totals
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        dt = time.perf_counter() - self.t0
-        for row in self.rows:
-            setattr(row.run.stats, self.name, getattr(row.run.stats, self.name) + dt)
-        setattr(self.totals, self.name, getattr(self.totals, self.name) + dt)
+def _section(name: str, rows: Sequence[_Row], totals: BatchResult) -> Section:
+    """Adds a section's seconds to ``name`` of every row's stats and of the batch totals."""
+    return Section(name, *(row.run.stats for row in rows), totals)
 
 
 def _seeds(seeds: int | Sequence[int], n: int) -> list[int]:
@@ -208,7 +195,7 @@ def generate_batch(
     tree=None,
     lookup=None,
     on_done: Callable[[int, GenerationResult], None] | None = None,
-    observers: Sequence[Callable | None] | None = None,
+    observers: Sequence[Observer | None] | None = None,
 ) -> BatchResult:
     """Speculative decoding of every prompt with ``rule``, ``batch_size`` rows at a time (default: the
     backends' rows); see the module docstring. ``seeds``: one per prompt, or an int ``s`` giving
@@ -217,7 +204,7 @@ def generate_batch(
     ``tree`` and ``lookup`` are not supported (chains only). ``stop``: stop strings for every prompt, or
     one list per prompt. ``on_done(i, result)`` is called as soon as prompt ``i`` ends (e.g. to store it
     while the others decode). ``observers``: one per prompt (or None), each called after every verified
-    step of its prompt as ``generate``'s ``observer`` is."""
+    step of its prompt with the :class:`VerifiedStep` on the host, as ``generate``'s observers are."""
     if tree is not None or lookup is not None:
         raise NotImplementedError("batched decoding drafts chains: draft trees and prompt lookup run one sequence "
                                   "at a time (verispec.engine.generate)")
@@ -264,7 +251,7 @@ def generate_batch(
         blocks = _per_row(target, {s: [row.pending[-1]] + drafted.get(s, []) for s, row in active})
         t_start = {s: target.row_length(s) for s, _ in active}
         rows = [row for _, row in active]
-        with _Timed(rows, "verify_s", totals):
+        with _section("verify_s", rows, totals):
             logits = target.forward_rows(blocks)
         totals.target_forwards += 1
         totals.row_steps += len(active)
@@ -272,16 +259,17 @@ def generate_batch(
         # 3. verify: one call per draft length over its rows, each row with its own generator (the
         #    rule draws row by row from the row's generator); one copy to the host
         where = row_slices(blocks)
-        with _Timed(rows, "rule_s", totals):
+        with _section("rule_s", rows, totals):
             p = sampling.process(logits[:, :width])                            # [Σ (g_r + 1), V]
             n_of, z_of = _verify_groups(rule, p, where, active, drafted, q_rows, device)
             decided = torch.cat([n_of, z_of]).tolist()
             decided = {s: (decided[k], decided[len(active) + k]) for k, (s, _) in enumerate(active)}
-        if observers is not None:     # as generate's observer: p [g+1, V], q [g, V], drafts [g], accepted
+        if observers is not None:
             for s, row in active:
                 watch = observers[row.index]
                 if watch is not None and s in drafted:
-                    watch(p[where[s]].cpu(), torch.stack(q_rows[s]).cpu(), torch.tensor(drafted[s]), decided[s][0])
+                    step = VerifiedStep.from_chain(p[where[s]], torch.stack(q_rows[s]), drafted[s], *decided[s])
+                    watch(step.on_host())
 
         # 4. commit: each row emits its accepted drafts and z, and rolls back its own caches
         for s, row in active:
@@ -342,10 +330,10 @@ def _draft_chains(draft: BatchBackend, slots: list, gs: dict[int, int], sampling
     feed = {s: slots[s].pending for s in drafted}
     while feed:
         rows = [slots[s] for s in feed]
-        with _Timed(rows, "draft_s", totals):
+        with _section("draft_s", rows, totals):
             logits = draft.forward_rows(_per_row(draft, feed), last_only=True)
         totals.draft_forwards += 1
-        with _Timed(rows, "rule_s", totals):
+        with _section("rule_s", rows, totals):
             q = sampling.process(logits[:, :width].to(device))                # [rows drafting, V]
             toks = _sample_rows(q, rows).tolist()
         for i, s in enumerate(feed):
@@ -375,7 +363,7 @@ def _admit_sd(queue: deque, slots: list, runs: list[Decoding], target: BatchBack
         slots[s].pending = slots[s].run.ids[-1:]
     rows = [slots[s] for s in new]
     if any(feed.values()):
-        with _Timed(rows, "prefill_s", totals):
+        with _section("prefill_s", rows, totals):
             target.forward_rows(_per_row(target, feed), last_only=True)
             draft.forward_rows(_per_row(draft, feed), last_only=True)
         totals.prefills += 1
@@ -438,7 +426,7 @@ def generate_target_only_batch(
             totals.verify_s += dt
         for s in new:
             slots[s].run.start()
-        with _Timed(rows, "rule_s", totals):
+        with _section("rule_s", rows, totals):
             toks = _sample_rows(sampling.process(logits[:, :width]), rows).tolist()
         for s, row, tok in zip(stepping, rows, toks):
             row.run.stats.target_calls += 1

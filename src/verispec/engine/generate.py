@@ -15,165 +15,34 @@ what it never processed). A step
 4. commits the path and ``z``: both caches keep the path's nodes they processed and drop the rest,
    ``pending`` = what the draft has not seen.
 
-``γ = "auto"`` chooses ``g`` before every step from the machine's cost profile and the acceptance so
-far (:mod:`verispec.engine.gamma`); ``g = 0`` is then a plain target step.
+What to draft is resolved once before the loop (:func:`verispec.engine.config.resolve`); how deep each
+step drafts -- a fixed ``γ``, or the cost model's choice (``γ = "auto"``, :mod:`verispec.engine.gamma`),
+``g = 0`` being a plain target step -- is the generation's :class:`~verispec.engine.plan.DraftPlan`.
 
 ``g = min(γ, budget − 1)`` so that ``max_new_tokens`` is never exceeded; when one token is left it is
 sampled from the target alone. EOS or a stop string inside an accepted block ends the output at the
-token that completes it.
-
-Both loops share their prologue (prompt checks, generator, output buffer) and epilogue (totals) in
-:class:`Decoding`; model, sampling and rule time is added to the :class:`Stats` fields by
-``with stats.timing(field):`` blocks.
+token that completes it. Both loops share their prologue and epilogue (:class:`Decoding`); model,
+sampling and rule time is added to the :class:`Stats` fields by ``with stats.timing(field):`` blocks.
 """
 
 from __future__ import annotations
 
-import functools
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 
 import torch
 
+from verispec.engine.config import DraftHead, resolve
 from verispec.engine.costs import CostProfile
-from verispec.engine.gamma import AutoGamma, LookupGamma
+from verispec.engine.decoding import Decoding, GenerationResult, Observer, VerifiedStep
+from verispec.engine.gamma import AutoGamma
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.sources import DraftSources
-from verispec.engine.stats import CallCosts, Stats
-from verispec.engine.tree import DraftProposal, TreeSpec, check_tree_rule
-from verispec.models.base import Backend, check_compatible, logits_device, tokenizer_size
+from verispec.engine.stats import Stats
+from verispec.engine.tree import DraftProposal, TreeSpec
+from verispec.models.base import Backend, check_compatible, tokenizer_size
 from verispec.rules import Rule
-from verispec.rules import get as get_rule
-from verispec.rules.base import sample_categorical
 from verispec.rules.tree import DraftTree, verify_tree
 from verispec.sampling import SamplingConfig
-
-#: observer(p [G+1, V], q [G, V], draft [G], n_accepted) called after every chain verification.
-Observer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]
-
-
-@dataclass
-class VerifiedStep:
-    """One verification, chain or tree: ``p [N+1, V]`` the processed target at the root and after every
-    node, the draft ``proposal`` (tokens, parents, ``q [N+1, V]``), the accepted ``path`` (node
-    indices from the root down) and the ``next_token`` emitted after it."""
-
-    p: torch.Tensor
-    proposal: DraftProposal
-    path: list[int]
-    next_token: int
-
-
-#: tree_observer(step) called after every verification.
-TreeObserver = Callable[[VerifiedStep], None]
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    tokens: list[int]
-    stats: Stats
-
-
-class _Output:
-    """Committed tokens with exact EOS / stop-string / budget handling."""
-
-    def __init__(self, backend: Backend, stop: Sequence[str], max_new_tokens: int) -> None:
-        self.backend, self.stop, self.max_new = backend, tuple(s for s in stop if s), max_new_tokens
-        self.tokens: list[int] = []
-        self.text = ""
-        self.stop_reason = ""
-
-    @property
-    def remaining(self) -> int:
-        return self.max_new - len(self.tokens)
-
-    def extend(self, new: Sequence[int]) -> bool:
-        """Append ``new``; returns True when the generation is over (EOS, stop string or budget)."""
-        for tok in new:
-            if tok in self.backend.eos_token_ids:
-                self.stop_reason = "eos"
-                break
-            self.tokens.append(int(tok))
-            if self.stop and self._cut_at_stop():
-                self.stop_reason = "stop"
-                break
-            if len(self.tokens) >= self.max_new:
-                self.stop_reason = "length"
-                break
-        if self.stop_reason:
-            self.text = self._text_without_stop()
-            return True
-        return False
-
-    def _cut_at_stop(self) -> bool:
-        # Only the tail can contain a stop string that the last token completed.
-        window = max(len(s) for s in self.stop) + 32
-        tail = self.backend.detokenize(self.tokens[-window:])
-        return any(s in tail for s in self.stop)
-
-    def _text_without_stop(self) -> str:
-        text = self.backend.detokenize(self.tokens)
-        if self.stop_reason == "stop":
-            cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-            if cut >= 0:
-                text = text[:cut]
-        return text
-
-    def finish(self) -> str:
-        if not self.stop_reason:
-            self.text = self.backend.detokenize(self.tokens)
-        return self.text
-
-
-def check_prompt(backend: Backend, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    ids = [int(t) for t in prompt_ids]
-    if not ids:
-        raise ValueError("the prompt is empty: give at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if len(ids) >= backend.context_length:
-        raise ValueError(
-            f"the prompt has {len(ids)} tokens but {backend.name} has a context of {backend.context_length}: "
-            "shorten the prompt or raise the context length (--n-ctx)"
-        )
-    return ids
-
-
-def _budget(backend: Backend, n_prompt: int, max_new_tokens: int, gamma: int) -> int:
-    # A verification forward may hold γ+1 tokens beyond the committed ones.
-    room = backend.context_length - n_prompt - gamma - 1
-    return max(1, min(max_new_tokens, room))
-
-
-class Decoding:
-    """What both loops share: the checked prompt, the generator, the statistics and the output, and
-    the epilogue that fills the totals. The wall clock starts after the prefill (:meth:`start`)."""
-
-    def __init__(self, target: Backend, prompt_ids: Sequence[int], *, stats: Stats, max_new_tokens: int,
-                 stop: Sequence[str], seed: int, gamma: int) -> None:
-        self.ids = check_prompt(target, prompt_ids, max_new_tokens)
-        # sampling and verification run where the target's logits are, with a generator there
-        self.device = logits_device(target)
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.stats = stats
-        self.out = _Output(target, stop, _budget(target, len(self.ids), max_new_tokens, gamma))
-        self.t_start = 0.0
-
-    def start(self) -> None:
-        self.t_start = time.perf_counter()
-
-    def sample(self, probs: torch.Tensor) -> int:
-        """One token from ``probs [1, V]`` with this generation's generator."""
-        return int(sample_categorical(probs, self.gen)[0])
-
-    def result(self) -> GenerationResult:
-        stats, out = self.stats, self.out
-        stats.wall_s = time.perf_counter() - self.t_start
-        stats.new_tokens = len(out.tokens) + (out.stop_reason == "eos")
-        stats.stop_reason = out.stop_reason
-        return GenerationResult(out.finish(), out.tokens, stats)
 
 
 def generate_target_only(
@@ -190,7 +59,7 @@ def generate_target_only(
 
     ``vocab_width`` slices the logits (default: the tokenizer's size, dropping padded rows)."""
     run = Decoding(target, prompt_ids, stats=Stats(mode="target_only", rule="", gamma=0),
-                    max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=0)
+                   max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=0)
     stats = run.stats
     # Logits rows past the tokenizer are padding: never sample them.
     width = vocab_width or min(target.vocab_size, tokenizer_size(target))
@@ -221,14 +90,13 @@ def generate(
     max_new_tokens: int,
     stop: Sequence[str] = (),
     seed: int = 0,
-    observer: Observer | None = None,
     vocab_width: int | None = None,
-    costs: CallCosts | CostProfile | None = None,
+    costs: CostProfile | None = None,
     tree: TreeSpec | str | None = None,
-    tree_observer: TreeObserver | None = None,
     lookup: NgramDrafter | None = None,
-    head=None,
+    head: DraftHead | None = None,
     draft_stop: float | str = 0.0,
+    observers: Sequence[Observer] = (),
 ) -> GenerationResult:
     """Speculative decoding of ``prompt_ids`` with ``rule`` on chains or trees; see the module docstring.
 
@@ -238,11 +106,10 @@ def generate(
     generation: it learns from the steps). ``tree`` (a :class:`TreeSpec` or its text, e.g.
     ``"dynamic:top_k=10,depth=5,nodes=60"``) drafts that tree instead of a chain of ``gamma`` tokens.
     ``vocab_width`` (from :func:`check_compatible`, computed when omitted) slices both models' logits
-    to the shared vocabulary. ``costs`` (a :class:`CallCosts` from :func:`measure_costs` or a
-    :class:`CostProfile`) fills ``stats.cost_model_speedup`` for chains: with a profile, the modelled
-    time of target-only sampling over the modelled time of the steps actually taken
-    (:mod:`verispec.engine.costs`). ``observer`` sees every chain verification, ``tree_observer``
-    every verification as a :class:`VerifiedStep` (chains included).
+    to the shared vocabulary. ``costs`` (a :class:`CostProfile`) fills ``stats.cost_model_speedup`` for
+    chains: the modelled time of target-only sampling over the modelled time of the steps actually taken
+    (:mod:`verispec.engine.costs`). ``observers`` see every verification as a :class:`VerifiedStep` on the
+    host (:meth:`VerifiedStep.chain` gives a draft-model chain's ``p``, ``q``, drafts and accepted count).
 
     ``lookup`` (an :class:`NgramDrafter`): prompt-lookup drafting. Before each chain step the longest
     earlier match of the text's suffix proposes up to ``g`` tokens; they are verified as deterministic
@@ -264,190 +131,90 @@ def generate(
     chains of the draft model; ``gamma`` is then the most a step drafts, or with ``"auto"`` the cost
     model's γ_max). With a tree or a head, ``gamma`` is their depth.
     """
-    policy = gamma if isinstance(gamma, AutoGamma) else None
-    if (tree is not None or head is not None) and (policy is not None or gamma == "auto"):
-        raise ValueError("gamma='auto' chooses the length of a chain; it does not apply to --tree or a head "
-                         "(drop one)")
-    spec = TreeSpec.parse(tree) if tree is not None else None
-    if spec is not None and spec.is_chain:
-        gamma, spec = spec.depth, None
-    if draft is None and lookup is None and head is None:
-        raise ValueError("no draft source: pass a draft model, lookup=NgramDrafter() for prompt lookup, "
-                         "or head= an EAGLE-3 drafter")
-    if head is not None and (draft is not None or spec is not None):
-        raise ValueError("an EAGLE-3 head drafts its own trees (its top_k, depth, nodes): drop the draft model "
-                         "and the tree spec")
-    if lookup is not None and spec is not None:
-        raise ValueError("prompt lookup drafts chains; it does not combine with a tree (drop one)")
-    if draft is None and policy is not None:
-        raise ValueError("an AutoGamma policy chooses the draft model's chains: with prompt lookup alone pass "
-                         "gamma='auto'")
-    if isinstance(costs, CostProfile) and draft is not None and not costs.has_draft:
-        raise ValueError("the cost profile was measured without a draft model (for prompt lookup alone): measure "
-                         "one with this draft model (cached_profile(target, draft, ...))")
-    stop_auto = draft_stop == "auto"
-    if stop_auto:
-        if spec is not None or head is not None or draft is None:
-            raise ValueError("draft_stop='auto' decides where the draft model's chain ends: it does not apply to "
-                             "trees, heads or prompt lookup alone")
-        if not isinstance(costs, CostProfile):
-            raise ValueError("draft_stop='auto' needs the machine's cost profile: pass costs=CostProfile "
-                             "(verispec.engine.cached_profile or measure_profile)")
-        if policy is None and gamma != "auto":
-            if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= costs.g_max:
-                raise ValueError(f"with draft_stop='auto', gamma is the most a step drafts: an integer in "
-                                 f"1..{costs.g_max} (the cost profile's range) or 'auto', got {gamma!r}")
-            policy = AutoGamma(costs, by_confidence=True, fixed=gamma)
-        draft_stop = 0.0
-    if gamma == "auto":
-        if not isinstance(costs, CostProfile):
-            raise ValueError("gamma='auto' needs the machine's cost profile: pass costs=CostProfile "
-                             "(verispec.engine.cached_profile or measure_profile)")
-        if draft is not None:
-            policy = AutoGamma(costs, by_confidence=stop_auto)
-        lookup_policy = LookupGamma(costs) if lookup is not None else None
-    else:
-        lookup_policy = None
-    if policy is not None:
-        gamma = policy.fixed or policy.g_max
-    elif lookup_policy is not None:
-        gamma = lookup_policy.g_max
-    elif spec is not None or head is not None:
-        gamma = spec.depth if spec is not None else head.depth
-    elif isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1 or 'auto', got {gamma!r}")
-    elif isinstance(costs, CostProfile) and gamma > costs.g_max:
-        raise ValueError(f"the cost profile covers γ = 1..{costs.g_max}, got gamma={gamma}")
-    rule = get_rule(rule)
-    if getattr(rule, "needs_raw", False) and (spec is not None or head is not None or lookup is not None):
-        raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on chains of a draft "
-                         "model only (no tree, head or prompt lookup)")
-    if spec is not None:
-        check_tree_rule(rule, spec)
-    if head is not None:
-        spec_text = f"eagle3:top_k={head.top_k},depth={head.depth},nodes={head.nodes}"
-        check_tree_rule(rule, TreeSpec("dynamic", "deterministic", top_k=head.top_k, depth_limit=head.depth,
-                                       nodes=head.nodes))
-    else:
-        spec_text = spec.spec() if spec else ""
-    if lookup is not None:
-        check_tree_rule(rule, TreeSpec("static", "deterministic", (1,) * gamma))
-    run = Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=rule.spec(), gamma=gamma,
-                                                    gamma_policy=_policy_label(policy, lookup_policy),
-                                                    tree=spec_text),
-                    max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=gamma)
-    stats, out, ids = run.stats, run.out, run.ids
+    cfg = resolve(rule=rule, gamma=gamma, tree=tree, draft_stop=draft_stop, costs=costs, draft=draft is not None,
+                  lookup=lookup is not None, head=head)
+    run = Decoding(target, prompt_ids, stats=Stats(mode="sd", rule=cfg.rule.spec(), gamma=cfg.gamma,
+                                                   gamma_policy=cfg.gamma_policy, tree=cfg.tree_label),
+                   max_new_tokens=max_new_tokens, stop=stop, seed=seed, gamma=cfg.gamma)
+    stats, out, plan = run.stats, run.out, cfg.plan()
     if draft is not None:
-        check_prompt(draft, ids, max_new_tokens)
+        run.check_prompt(draft)
     width = vocab_width or (check_compatible(target, draft) if draft is not None
                             else min(target.vocab_size, tokenizer_size(target)))
-    if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) or not 0.0 <= draft_stop < 1.0:
-        raise ValueError(f"draft_stop is a draft probability in [0, 1) or 'auto', got {draft_stop!r}")
-    by_confidence = policy is not None and policy.by_confidence
-    sources = DraftSources(target, draft, lookup=lookup, head=head, spec=spec, sampling=sampling, width=width,
-                           generator=run.gen, stats=stats, stop_below=draft_stop,
-                           keep_drafting=policy.keep_drafting if by_confidence else None,
-                           keep_raw=getattr(rule, "needs_raw", False))
-
+    sources = DraftSources(target, draft, lookup=lookup, head=head, spec=cfg.tree, sampling=sampling, width=width,
+                           generator=run.gen, stats=stats, stop_below=cfg.draft_stop,
+                           keep_drafting=plan.keep_drafting, keep_raw=cfg.keep_raw)
     target.reset()
     with stats.timing("prefill_s"):
-        if len(ids) > 1:
-            target.forward(ids[:-1], all_logits=False)
-        sources.prefill(ids)
+        if len(run.ids) > 1:
+            target.forward(run.ids[:-1], all_logits=False)
+        sources.prefill(run.ids)
 
-    # the cost model covers chains of the draft model and of lookup (γ <= its g_max, checked above)
-    profile = costs if isinstance(costs, CostProfile) and spec is None and head is None else None
-    modelled = 0.0   # the cost model's time of the steps taken, in target steps
     run.start()
     while True:
-        unseen = len(sources.pending) if draft is not None else None   # the draft's catch-up this step
-        cap = out.remaining - 1
-        g = min(policy.next(unseen) if policy else gamma, cap)
-        # 1. draft a tree (a chain: one child per node) below the root, or nothing; with lookup_policy
-        # lookup's draft must beat the step it replaces (the draft model's chain of g, or a plain step)
-        choose = None
-        if lookup_policy is not None:
-            rival = policy.rate(g, unseen) if policy is not None else 1.0 / profile.verify_cost(0)
-            choose = functools.partial(lookup_policy.choose, rival=rival)
-        proposal = sources.propose(g, min(lookup_policy.g_max, cap) if lookup_policy else None, choose)
-        drafted = max(proposal.depths(), default=-1) + 1 if proposal is not None else 0
+        # 1. draft a tree (a chain: one child per node) below the root, or nothing (a plain step)
+        unseen, cap = sources.unseen, out.remaining - 1
+        g = plan.length(unseen, cap)
+        proposal = sources.propose(g, *plan.lookup_choice(g, unseen, cap))
+        drafted = proposal.depth if proposal is not None else 0
         stats.record_gamma(drafted)
-        if profile is not None:
-            free = proposal is not None and proposal.source == "lookup"
-            modelled += profile.verify_cost(drafted) if free else profile.step_cost(drafted, unseen=unseen)
-        if proposal is None:
-            # A plain target step (one token left, nothing to draft, or the policy found drafting
-            # not worth it): the next token comes from the target alone (bonus semantics).
-            with stats.timing("verify_s"):
-                logits = target.forward([sources.root], all_logits=False)
-            stats.target_calls += 1
-            with stats.timing("rule_s"):
-                tok = run.sample(sampling.process(logits[:, :width]))
+        plan.count(proposal, drafted, unseen)
+        if proposal is None:        # the next token comes from the target alone (bonus semantics)
+            tok = _plain_step(target, sources.root, sampling, width, run)
             if out.extend([tok]):
                 break
             sources.after_plain(tok)
             continue
-
         # 2. one target forward over [root, nodes] -> p at the root and after every node
         with stats.timing("verify_s"):
-            target_logits = target.forward_tree([sources.root] + proposal.tokens,
-                                                [-1] + [par + 1 for par in proposal.parents])
+            logits = target.forward_tree([sources.root] + proposal.tokens, [-1] + [i + 1 for i in proposal.parents])
         stats.target_calls += 1
         stats.tree_nodes += proposal.n_nodes
         # 3. verify -> the accepted path and the next token z
         with stats.timing("rule_s"):
-            p = sampling.process(target_logits[:, :width])
-            draft_tree = DraftTree(torch.tensor([proposal.tokens], device=run.device),
-                                   torch.tensor([proposal.parents], device=run.device), proposal.scheme)
-            q = None if proposal.scheme == "deterministic" else proposal.q[None]
-            raw = None
-            if proposal.q_raw is not None:     # a rule reading the untruncated temperature-1 distributions
-                raw = (torch.softmax(target_logits[:, :width].float(), -1)[None], proposal.q_raw[None])
-            path_t, n_acc, nxt = verify_tree(rule, p[None], q, draft_tree, generator=run.gen, raw=raw)
-            # the only copy to the host per step: the accepted count, the path and the next token
-            n, z, *path = torch.cat([n_acc, nxt, path_t[0]]).tolist()
-            path = path[:n]
-        stats.record_step(n, drafted)
-        from_model = proposal.source == "model"
-        if policy is not None and from_model:
-            confidences = None
-            if by_confidence:       # the draft's probability of each drafted token (row i drafted token i)
-                rows = torch.arange(drafted, device=proposal.q.device)
-                confidences = proposal.q[rows, torch.tensor(proposal.tokens, device=rows.device)].tolist()
-            policy.update(n, drafted, confidences)
-        if proposal.source == "lookup":
-            stats.lookup_accepted += n
-            if lookup_policy is not None:
-                lookup_policy.update(sources.lookup_match, n, drafted)
-        if observer is not None and spec is None and from_model:
-            observer(p.cpu(), proposal.q[:drafted].cpu(), torch.tensor(proposal.tokens), n)
-        if tree_observer is not None:
-            tree_observer(VerifiedStep(p.cpu(), _on_host(proposal), path, z))
-
+            step = _verify(cfg.rule, sampling, logits[:, :width], proposal, run.gen)
+        stats.record_step(step.n_accepted, drafted, lookup=proposal.source == "lookup")
+        plan.learn(proposal, step.n_accepted, drafted, sources.lookup_match)
+        _notify(observers, step)
         # 4. commit the path and z; every cache keeps the path and drops the rest of the tree
-        emitted = [proposal.tokens[i] for i in path] + [z]
+        emitted = [proposal.tokens[i] for i in step.path] + [step.next_token]
         if out.extend(emitted):
             break
-        target.commit_tree_path([0] + [i + 1 for i in path])
-        sources.after_step(proposal, path, emitted)
+        target.commit_tree_path([0] + [i + 1 for i in step.path])
+        sources.after_step(proposal, step.path, emitted)
     result = run.result()
-    # a profile models chains of the draft model and of lookup; CallCosts (one fixed γ) the draft model's only
-    if profile is not None:
-        stats.cost_model_speedup = profile.speedup(stats.new_tokens, modelled) if modelled else None
-    elif costs is not None and spec is None and head is None and not stats.lookup_steps:
-        stats.cost_model_speedup = costs.speedup(stats.block_efficiency)
+    stats.cost_model_speedup = plan.speedup(stats)
     return result
 
 
-def _policy_label(policy: AutoGamma | None, lookup_policy: LookupGamma | None) -> str:
-    if policy is None:
-        return "auto" if lookup_policy is not None else "fixed"
-    base = "fixed" if policy.fixed is not None else "auto"
-    return base + "+stop" if policy.by_confidence else base
+def _plain_step(target: Backend, root: int, sampling: SamplingConfig, width: int, run: Decoding) -> int:
+    """One target forward over the root and a token sampled from it."""
+    with run.stats.timing("verify_s"):
+        logits = target.forward([root], all_logits=False)
+    run.stats.target_calls += 1
+    with run.stats.timing("rule_s"):
+        return run.sample(sampling.process(logits[:, :width]))
 
 
-def _on_host(proposal: DraftProposal) -> DraftProposal:
-    """The proposal with its draft rows on the CPU (what observers read)."""
-    if proposal.q is None or proposal.q.device.type == "cpu":
-        return proposal
-    return replace(proposal, q=proposal.q.cpu())
+def _verify(rule: Rule, sampling: SamplingConfig, logits: torch.Tensor, proposal: DraftProposal,
+            generator: torch.Generator) -> VerifiedStep:
+    """Verify ``proposal`` against the target's ``logits [N+1, V]`` (root, then every node): the accepted
+    path and the next token, with one copy to the host."""
+    p = sampling.process(logits)
+    device = p.device
+    tree = DraftTree(torch.tensor([proposal.tokens], device=device), torch.tensor([proposal.parents], device=device),
+                     proposal.scheme)
+    q = None if proposal.scheme == "deterministic" else proposal.q[None]
+    raw = None
+    if proposal.q_raw is not None:     # a rule reading the untruncated temperature-1 distributions
+        raw = (torch.softmax(logits.float(), -1)[None], proposal.q_raw[None])
+    path_t, n_acc, nxt = verify_tree(rule, p[None], q, tree, generator=generator, raw=raw)
+    n, z, *path = torch.cat([n_acc, nxt, path_t[0]]).tolist()
+    return VerifiedStep(p, proposal, path[:n], z)
+
+
+def _notify(observers: Sequence[Observer], step: VerifiedStep) -> None:
+    if observers:
+        host = step.on_host()
+        for watch in observers:
+            watch(host)

@@ -25,6 +25,7 @@ from verispec.engine.stats import Stats
 from verispec.engine.tree import DraftProposal, TreeSpec, grow_tree, lookup_proposal
 from verispec.models.base import Backend
 from verispec.sampling import SamplingConfig
+from verispec.tree_nodes import ancestor_closed
 
 
 class DraftSources:
@@ -43,6 +44,11 @@ class DraftSources:
     @property
     def root(self) -> int:
         return self.pending[-1]
+
+    @property
+    def unseen(self) -> int | None:
+        """Tokens the draft model has not fed yet (its first forward of a step feeds them); None without one."""
+        return len(self.pending) if self.draft is not None else None
 
     def prefill(self, ids: list[int]) -> None:
         """Bring every source to the prompt; the target has just processed ``ids[:-1]``."""
@@ -129,12 +135,7 @@ class DraftSources:
 def _keep(proposal: DraftProposal, wanted: list[bool]) -> DraftProposal | None:
     """The nodes ``wanted`` whose ancestors are all kept too (parents come first, so the kept ones
     keep their order); None when no node is left (a plain target step)."""
-    keep: list[int] = []
-    kept = [False] * proposal.n_nodes
-    for i, par in enumerate(proposal.parents):
-        kept[i] = wanted[i] and (par < 0 or kept[par])
-        if kept[i]:
-            keep.append(i)
+    keep = ancestor_closed(proposal.parents, wanted)
     if not keep:
         return None
     index = {old: new for new, old in enumerate(keep)}

@@ -1,37 +1,9 @@
-"""Per-generation statistics: calls, acceptance, timings and the cost-model speedup."""
+"""Per-generation statistics (calls, acceptance, timings, the cost-model speedup) and the timer of sections."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-
-
-@dataclass(frozen=True)
-class CallCosts:
-    """Measured seconds per model call on this hardware (medians).
-
-    ``draft_token``: one draft forward of one token; ``target_token``: one target forward of one
-    token (a plain decoding step); ``target_block``: one target forward of ``gamma + 1`` tokens.
-    """
-
-    gamma: int
-    draft_token: float
-    target_token: float
-    target_block: float
-
-    @property
-    def c(self) -> float:
-        """Draft-to-target cost ratio per token."""
-        return self.draft_token / self.target_token
-
-    @property
-    def v(self) -> float:
-        """Cost of verifying γ+1 tokens relative to one target decoding step, v(γ)."""
-        return self.target_block / self.target_token
-
-    def speedup(self, block_efficiency: float) -> float:
-        """Cost-model speedup ``BE / (γ·c + v(γ))`` over target-only decoding."""
-        return block_efficiency / (self.gamma * self.c + self.v)
 
 
 @dataclass
@@ -90,9 +62,9 @@ class Stats:
         steps = sum(self.accepted_hist)
         return sum(n * c for n, c in enumerate(self.accepted_hist)) / steps if steps else 0.0
 
-    def timing(self, name: str) -> "_Timer":
+    def timing(self, name: str) -> "Section":
         """``with stats.timing("verify_s"): ...`` adds the block's wall seconds to that field."""
-        return _Timer(self, name)
+        return Section(name, self)
 
     @property
     def mean_gamma(self) -> float:
@@ -105,7 +77,11 @@ class Stats:
             self.gamma_hist.append(0)
         self.gamma_hist[g] += 1
 
-    def record_step(self, n_accepted: int, gamma: int) -> None:
+    def record_step(self, n_accepted: int, gamma: int, lookup: bool = False) -> None:
+        """A verified step: ``n_accepted`` of ``gamma`` drafted positions accepted (``lookup``: drafted by
+        prompt lookup)."""
+        if lookup:
+            self.lookup_accepted += n_accepted
         while len(self.accepted_hist) <= gamma:
             self.accepted_hist.append(0)
         while len(self.position_reached) < gamma:
@@ -131,18 +107,24 @@ class Stats:
         return out
 
 
-class _Timer:
-    """Context manager behind :meth:`Stats.timing` (a plain class: it runs several times per token)."""
+class Section:
+    """``with Section("verify_s", *accounts): ...`` adds the block's wall seconds to the field of that name
+    of every account (:class:`Stats`, a batch's totals); with no account it only runs the block. A plain
+    class: it runs several times per token."""
 
-    __slots__ = ("stats", "name", "t0")
+    __slots__ = ("name", "accounts", "t0")
 
-    def __init__(self, stats: Stats, name: str) -> None:
-        if not name.endswith("_s") or not hasattr(stats, name):
-            raise ValueError(f"Stats has no timing field {name!r}; use one of prefill_s, draft_s, verify_s, rule_s")
-        self.stats, self.name = stats, name
+    def __init__(self, name: str, *accounts) -> None:
+        for account in accounts:
+            if not name.endswith("_s") or not hasattr(account, name):
+                raise ValueError(f"{type(account).__name__} has no timing field {name!r}; use one of prefill_s, "
+                                 "draft_s, verify_s, rule_s")
+        self.name, self.accounts = name, accounts
 
     def __enter__(self) -> None:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
-        setattr(self.stats, self.name, getattr(self.stats, self.name) + time.perf_counter() - self.t0)
+        dt = time.perf_counter() - self.t0
+        for account in self.accounts:
+            setattr(account, self.name, getattr(account, self.name) + dt)

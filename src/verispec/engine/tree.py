@@ -32,12 +32,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.engine.stats import Section
 from verispec.models.base import Backend
 from verispec.params import Param, parse_settings
 from verispec.rules import Rule
 from verispec.rules import tree as rules_tree
 from verispec.rules.base import sample_categorical
 from verispec.sampling import SamplingConfig
+from verispec.tree_nodes import keep_best, layout_by_depth
 
 #: Schemes of :mod:`verispec.rules.tree`, by the word used in a tree spec.
 SCHEME_WORDS = {"topk": "deterministic", "iid": "iid", "wor": "without_replacement",
@@ -175,6 +177,11 @@ class DraftProposal:
     def n_nodes(self) -> int:
         return len(self.tokens)
 
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest root-to-leaf path (a chain's length)."""
+        return max(self.depths(), default=-1) + 1
+
     def depths(self) -> list[int]:
         out: list[int] = []
         for par in self.parents:
@@ -205,7 +212,7 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     keep the draft's untruncated temperature-1 rows (``q_raw``, static trees and chains), for rules that
     read them.
     ``timing(name)`` is a :meth:`Stats.timing`-like context factory for ``draft_s`` / ``rule_s``."""
-    timed = timing or (lambda name: _NoTimer())
+    timed = timing or Section
     depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
     device = generator.device       # the draft's rows are processed and sampled where verification runs
     with timed("draft_s"):
@@ -338,33 +345,8 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
                 level += propose(i, cand_score[i])
 
     with timed("rule_s"):
-        keep: set[int] = set()
-        for i in sorted(range(len(cand_tok)), key=lambda i: -cand_score[i]):
-            if len(keep) >= spec.nodes:
-                break
-            if cand_par[i] < 0 or cand_par[i] in keep:
-                keep.add(i)
-        # Lay out depth by depth; siblings by score (draft rank); parents first.
-        order: list[int] = []
-        new_index: dict[int, int] = {}                 # candidate -> kept index
-        queue = [i for i in range(len(cand_tok)) if cand_par[i] < 0 and i in keep]
-        while queue:
-            queue.sort(key=lambda i: (new_index.get(cand_par[i], -1), -cand_score[i]))
-            for i in queue:
-                new_index[i] = len(order)
-                order.append(i)
-            placed = set(queue)
-            queue = [i for i in range(len(cand_tok)) if i in keep and cand_par[i] in placed]
+        order, parents = layout_by_depth(keep_best(cand_score, cand_par, spec.nodes), cand_par)
         tokens = [cand_tok[c] for c in order]
-        parents = [new_index[cand_par[c]] if cand_par[c] >= 0 else -1 for c in order]
         in_draft = [cand_draft[c] for c in order]
-        q_rows = {new_index[c]: row for c, row in cand_q.items() if c in new_index}
+        q_rows = {node: cand_q[c] for node, c in enumerate(order) if c in cand_q}
     return tokens, parents, in_draft, q_rows, forwards
-
-
-class _NoTimer:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None

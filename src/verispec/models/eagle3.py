@@ -54,6 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec.tree_nodes import keep_best, layout_by_depth
+
 __all__ = [
     "Eagle3Config",
     "Eagle3Head",
@@ -766,31 +768,9 @@ class Eagle3Drafter:
 
         all_scores, all_parents = torch.cat(scores), torch.cat(parents)
         all_tokens = head.target_ids(torch.cat(draft_ids))
-        _, keep = _stable_top(all_scores, min(self.nodes, all_scores.numel()))
-        keep = keep.sort().values
-        return _layout(keep.tolist(), all_parents[keep].tolist(), all_tokens[keep].tolist(), all_scores[keep].cpu())
-
-
-def _layout(cands: list[int], cand_parents: list[int], tokens: list[int],
-            scores: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
-    """Kept candidates (ascending candidate index) -> nodes depth by depth, children grouped under
-    their parents in node order, siblings by rank (= candidate index)."""
-    where = {c: i for i, c in enumerate(cands)}
-    if any(p != ROOT and p not in where for p in cand_parents):
-        raise AssertionError("a kept draft node lost its parent")  # excluded by the stable ranking
-    depth: list[int] = []
-    for p in cand_parents:  # parents have lower candidate indices, so are already placed
-        depth.append(0 if p == ROOT else depth[where[p]] + 1)
-    order: list[int] = []
-    pos: dict[int, int] = {}
-    for d in range(max(depth, default=-1) + 1):
-        level = [i for i in range(len(cands)) if depth[i] == d]
-        level.sort(key=lambda i: (-1 if cand_parents[i] == ROOT else pos[cand_parents[i]], cands[i]))
-        for i in level:
-            pos[cands[i]] = len(order)
-            order.append(i)
-    out_parents = [ROOT if cand_parents[i] == ROOT else pos[cand_parents[i]] for i in order]
-    return [tokens[i] for i in order], out_parents, scores[order]
+        kept = keep_best(all_scores.tolist(), all_parents.tolist(), self.nodes)
+        order, parents = layout_by_depth(kept, all_parents.tolist())
+        return all_tokens[order].tolist(), parents, all_scores[order].cpu()
 
 
 def load_head_pair(target_spec: str, head_path: str | os.PathLike, *, device: str = "cpu", dtype: Any = None,

@@ -222,6 +222,9 @@ class Rule:
     #: Place in the taxonomy of verification rules (``verispec rules`` groups by it); one of
     #: :data:`TAXONOMY`.
     taxonomy: ClassVar[str] = "other"
+    #: The rule reads the untruncated temperature-1 distributions too (``verify(..., raw=(p, q))``), which
+    #: only chains drafted by a draft model carry; set per instance by rules where it is an option.
+    needs_raw: bool = False
 
     def __init__(self, **params: object) -> None:
         self.params = dict(params)

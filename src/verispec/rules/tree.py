@@ -388,7 +388,7 @@ def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: Draft
     uniform_chain = tree.is_uniform_chain()
     check_tree_rule(rule, tree.scheme, tree.max_branching, uniform_chain)
     deterministic = tree.scheme == "deterministic"
-    needs_raw = getattr(rule, "needs_raw", False)
+    needs_raw = rule.needs_raw
     if needs_raw and (deterministic or not uniform_chain):
         raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on sampled chains only "
                          "(no tree, no prompt lookup)")
