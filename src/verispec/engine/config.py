@@ -16,9 +16,10 @@ from typing import Protocol
 from verispec.engine.costs import CostProfile
 from verispec.engine.gamma import AutoGamma, LookupGamma
 from verispec.engine.plan import DraftPlan
-from verispec.engine.tree import TreeSpec, check_tree_rule
+from verispec.engine.tree import TreeSpec
 from verispec.rules import Rule
 from verispec.rules import get as get_rule
+from verispec.rules.tree import DETERMINISTIC
 
 
 class DraftHead(Protocol):
@@ -152,14 +153,13 @@ def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeSpec | 
         raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on chains of a draft "
                          "model only (no tree, head or prompt lookup)")
     if spec is not None:
-        check_tree_rule(rule, spec)
+        spec.check_rule(rule)
     label = spec.spec() if spec is not None else ""
     if head is not None:
         label = f"eagle3:top_k={head.top_k},depth={head.depth},nodes={head.nodes}"
-        check_tree_rule(rule, TreeSpec("dynamic", "deterministic", top_k=head.top_k, depth_limit=head.depth,
-                                       nodes=head.nodes))
+        TreeSpec("dynamic", DETERMINISTIC, top_k=head.top_k, depth_limit=head.depth, nodes=head.nodes).check_rule(rule)
     if lookup:
-        check_tree_rule(rule, TreeSpec("static", "deterministic", (1,) * gamma))
+        TreeSpec("static", DETERMINISTIC, (1,) * gamma).check_rule(rule)
     if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) or not 0.0 <= draft_stop < 1.0:
         raise ValueError(f"draft_stop is a draft probability in [0, 1) or 'auto', got {draft_stop!r}")
     profile = costs if spec is None and head is None else None

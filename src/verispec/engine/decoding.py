@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from verispec.engine.stats import Stats
-from verispec.engine.tree import DraftProposal
+from verispec.engine.tree import MODEL, DraftProposal
 from verispec.models.base import Backend, logits_device
 from verispec.rules.base import sample_categorical
+from verispec.rules.tree import IID
 
 
 @dataclass
@@ -35,7 +36,7 @@ class VerifiedStep:
         token, as a :class:`DraftProposal` has."""
         g, vocab = len(tokens), q.shape[-1]
         q = torch.cat([q, q.new_full((1, vocab), 1.0 / vocab)])
-        proposal = DraftProposal(list(tokens), list(range(-1, g - 1)), q, "iid", list(range(g)), g, [True] * g)
+        proposal = DraftProposal(list(tokens), list(range(-1, g - 1)), q, IID, list(range(g)), g, [True] * g)
         return cls(p, proposal, list(range(n_accepted)), next_token)
 
     @property
@@ -47,7 +48,7 @@ class VerifiedStep:
         per-position records read: ``q[i]`` is the distribution draft token ``i`` was drawn from), else None
         (a tree, prompt lookup, an EAGLE-3 head)."""
         prop = self.proposal
-        if prop.source != "model" or prop.scheme != "iid" or prop.parents != list(range(-1, prop.n_nodes - 1)):
+        if prop.source != MODEL or prop.scheme != IID or prop.parents != list(range(-1, prop.n_nodes - 1)):
             return None
         g = prop.n_nodes
         return self.p, prop.q[:g], torch.tensor(prop.tokens), self.n_accepted

@@ -38,10 +38,10 @@ from verispec.engine.gamma import AutoGamma
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.sources import DraftSources
 from verispec.engine.stats import Stats
-from verispec.engine.tree import DraftProposal, TreeSpec
+from verispec.engine.tree import LOOKUP, DraftProposal, TreeSpec
 from verispec.models.base import Backend, check_compatible, tokenizer_size
 from verispec.rules import Rule
-from verispec.rules.tree import DraftTree, verify_tree
+from verispec.rules.tree import DETERMINISTIC, DraftTree, verify_tree
 from verispec.sampling import SamplingConfig
 
 
@@ -173,7 +173,7 @@ def generate(
         # 3. verify -> the accepted path and the next token z
         with stats.timing("rule_s"):
             step = _verify(cfg.rule, sampling, logits[:, :width], proposal, run.gen)
-        stats.record_step(step.n_accepted, drafted, lookup=proposal.source == "lookup")
+        stats.record_step(step.n_accepted, drafted, lookup=proposal.source == LOOKUP)
         plan.learn(proposal, step.n_accepted, drafted, sources.lookup_match)
         _notify(observers, step)
         # 4. commit the path and z; every cache keeps the path and drops the rest of the tree
@@ -204,7 +204,7 @@ def _verify(rule: Rule, sampling: SamplingConfig, logits: torch.Tensor, proposal
     device = p.device
     tree = DraftTree(torch.tensor([proposal.tokens], device=device), torch.tensor([proposal.parents], device=device),
                      proposal.scheme)
-    q = None if proposal.scheme == "deterministic" else proposal.q[None]
+    q = None if proposal.scheme == DETERMINISTIC else proposal.q[None]
     raw = None
     if proposal.q_raw is not None:     # a rule reading the untruncated temperature-1 distributions
         raw = (torch.softmax(logits.float(), -1)[None], proposal.q_raw[None])

@@ -18,7 +18,7 @@ import torch
 from verispec.engine.costs import CostProfile
 from verispec.engine.gamma import AutoGamma, LookupGamma
 from verispec.engine.stats import Stats
-from verispec.engine.tree import DraftProposal
+from verispec.engine.tree import LOOKUP, MODEL, DraftProposal
 
 
 class DraftPlan:
@@ -54,19 +54,19 @@ class DraftPlan:
         """Add the modelled cost of a step that drafted ``drafted`` tokens (0: a plain step)."""
         if self.profile is None:
             return
-        free = proposal is not None and proposal.source == "lookup"
+        free = proposal is not None and proposal.source == LOOKUP
         self.modelled += self.profile.verify_cost(drafted) if free else self.profile.step_cost(drafted, unseen=unseen)
 
     def learn(self, proposal: DraftProposal, n_accepted: int, drafted: int, lookup_match: int) -> None:
         """Record a verified step: ``n_accepted`` of ``drafted`` tokens accepted; ``lookup_match``: the
         length of the suffix a lookup draft continued."""
-        if self.policy is not None and proposal.source == "model":
+        if self.policy is not None and proposal.source == MODEL:
             confidences = None
             if self.policy.by_confidence:   # the draft's probability of each drafted token (row i drafted token i)
                 rows = torch.arange(drafted, device=proposal.q.device)
                 confidences = proposal.q[rows, torch.tensor(proposal.tokens, device=rows.device)].tolist()
             self.policy.update(n_accepted, drafted, confidences)
-        if proposal.source == "lookup" and self.lookup is not None:
+        if proposal.source == LOOKUP and self.lookup is not None:
             self.lookup.update(lookup_match, n_accepted, drafted)
 
     def speedup(self, stats: Stats) -> float | None:

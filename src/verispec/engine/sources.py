@@ -22,7 +22,7 @@ import torch
 
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.stats import Stats
-from verispec.engine.tree import DraftProposal, TreeSpec, grow_tree, lookup_proposal
+from verispec.engine.tree import HEAD, MODEL, DraftProposal, TreeSpec, grow_tree, lookup_proposal
 from verispec.models.base import Backend
 from verispec.sampling import SamplingConfig
 from verispec.tree_nodes import ancestor_closed
@@ -82,7 +82,7 @@ class DraftSources:
             with self.stats.timing("draft_s"):
                 tokens, parents, _ = self.head.grow(self.root)
             self.stats.draft_calls += self.head.depth
-            proposal = DraftProposal.candidates(tokens, parents, "head")
+            proposal = DraftProposal.candidates(tokens, parents, HEAD)
             # nodes deeper than g, or whose token lies past the shared vocabulary (a head's reduced
             # vocabulary maps into the full lm_head, padding rows included), go with their subtrees
             depths = proposal.depths()
@@ -112,7 +112,7 @@ class DraftSources:
             self.lookup.extend(emitted)
         if self.draft is None:
             self.pending = emitted[-1:]
-        elif proposal.source != "model":            # the draft model saw none of this step
+        elif proposal.source != MODEL:              # the draft model saw none of this step
             self.pending = self.pending + emitted
         else:
             seen = 0                                # leading path nodes the draft has processed

@@ -29,6 +29,7 @@ draft ``q`` (that is what makes SpecInfer and recursive SD lossless).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -38,12 +39,18 @@ from verispec.params import Param, parse_settings
 from verispec.rules import Rule
 from verispec.rules import tree as rules_tree
 from verispec.rules.base import sample_categorical
+from verispec.rules.tree import DETERMINISTIC, IID, WITHOUT_REPLACEMENT, Scheme
 from verispec.sampling import SamplingConfig
 from verispec.tree_nodes import keep_best, layout_by_depth
 
 #: Schemes of :mod:`verispec.rules.tree`, by the word used in a tree spec.
-SCHEME_WORDS = {"topk": "deterministic", "iid": "iid", "wor": "without_replacement",
-                "without_replacement": "without_replacement", "dynamic": "deterministic"}
+SCHEME_WORDS: dict[str, Scheme] = {"topk": DETERMINISTIC, "iid": IID, "wor": WITHOUT_REPLACEMENT,
+                                   "without_replacement": WITHOUT_REPLACEMENT, "dynamic": DETERMINISTIC}
+#: Where a draft came from: the draft model, prompt lookup or an EAGLE-3 head.
+Source = Literal["model", "lookup", "head"]
+MODEL: Source = "model"
+LOOKUP: Source = "lookup"
+HEAD: Source = "head"
 #: Largest tree the engine grows (llama.cpp gives every node its own sequence id).
 MAX_TREE_NODES = 255
 
@@ -59,8 +66,8 @@ _DYNAMIC_PARAMS = (
 class TreeSpec:
     """How to grow a draft tree. ``kind``: ``"static"`` (``branching`` per depth) or ``"dynamic"``."""
 
-    kind: str
-    scheme: str                              # "deterministic", "iid" or "without_replacement"
+    kind: Literal["static", "dynamic"]
+    scheme: Scheme                           # how children are proposed
     branching: tuple[int, ...] = ()          # static
     top_k: int = 0                           # dynamic
     depth_limit: int = 0                     # dynamic
@@ -71,7 +78,7 @@ class TreeSpec:
         """The chain of ``gamma`` sampled draft tokens (ordinary speculative decoding)."""
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"a chain needs gamma >= 1 draft tokens, got {gamma!r}")
-        return cls("static", "iid", (1,) * gamma)
+        return cls("static", IID, (1,) * gamma)
 
     @classmethod
     def parse(cls, text: str) -> "TreeSpec":
@@ -94,7 +101,7 @@ class TreeSpec:
         if word == "dynamic":
             values = {p.name: p.default for p in _DYNAMIC_PARAMS}
             values.update(parse_settings(body, _DYNAMIC_PARAMS, owner="tree dynamic", positional=True))
-            return cls("dynamic", "deterministic", top_k=values["top_k"], depth_limit=values["depth"],
+            return cls("dynamic", DETERMINISTIC, top_k=values["top_k"], depth_limit=values["depth"],
                        nodes=values["nodes"])
         try:
             branching = tuple(int(x) for x in body.split(",") if x.strip())
@@ -125,27 +132,26 @@ class TreeSpec:
 
     @property
     def is_chain(self) -> bool:
-        return self.kind == "static" and all(b == 1 for b in self.branching) and self.scheme == "iid"
+        return self.kind == "static" and all(b == 1 for b in self.branching) and self.scheme == IID
 
     def spec(self) -> str:
         if self.kind == "dynamic":
             return f"dynamic:top_k={self.top_k},depth={self.depth_limit},nodes={self.nodes}"
         if self.is_chain:
             return f"chain:{len(self.branching)}"
-        word = {"deterministic": "topk", "iid": "iid", "without_replacement": "wor"}[self.scheme]
+        word = {DETERMINISTIC: "topk", IID: "iid", WITHOUT_REPLACEMENT: "wor"}[self.scheme]
         return f"{word}:" + ",".join(map(str, self.branching))
 
-
-def check_tree_rule(rule: Rule, spec: TreeSpec) -> None:
-    """Refuse, before any decoding, a rule that has no form on the trees ``spec`` grows (the rules
-    layer checks every call the same way; see the table of :mod:`verispec.rules.tree`)."""
-    one_child = spec.kind == "static" and all(b == 1 for b in spec.branching)
-    branching = max(spec.branching) if spec.kind == "static" else spec.top_k
-    try:
-        rules_tree.check_tree_rule(rule, spec.scheme, branching, uniform_chain=one_child)
-    except ValueError as exc:
-        raise ValueError(f"{exc} (tree {spec.spec()}: --tree topk:... and dynamic:... are deterministic "
-                         "candidates; --gamma drafts a sampled chain)") from None
+    def check_rule(self, rule: Rule) -> None:
+        """Refuse, before any decoding, a rule that has no form on the trees this spec grows (the rules
+        layer checks every call the same way: :func:`verispec.rules.tree.check_tree_rule`)."""
+        one_child = self.kind == "static" and all(b == 1 for b in self.branching)
+        branching = max(self.branching) if self.kind == "static" else self.top_k
+        try:
+            rules_tree.check_tree_rule(rule, self.scheme, branching, uniform_chain=one_child)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (tree {self.spec()}: --tree topk:... and dynamic:... are deterministic "
+                             "candidates; --gamma drafts a sampled chain)") from None
 
 
 @dataclass
@@ -159,19 +165,19 @@ class DraftProposal:
     tokens: list[int]
     parents: list[int]
     q: torch.Tensor | None
-    scheme: str
+    scheme: Scheme
     in_draft: list[int] = field(default_factory=list)
     draft_forwards: int = 0
     expanded: list[bool] = field(default_factory=list)
-    source: str = "model"          # "model" (the draft model), "lookup" (prompt lookup) or "head" (EAGLE-3)
+    source: Source = MODEL         # the draft model, prompt lookup or an EAGLE-3 head
     q_raw: torch.Tensor | None = None   # like ``q``, untruncated at temperature 1 (``grow_tree(keep_raw=True)``)
 
     @classmethod
-    def candidates(cls, tokens: list[int], parents: list[int], source: str) -> "DraftProposal":
+    def candidates(cls, tokens: list[int], parents: list[int], source: Source) -> "DraftProposal":
         """Deterministic candidates from a source without a draft distribution (no ``q``, nothing
         processed by the draft model)."""
         n = len(tokens)
-        return cls(list(tokens), list(parents), None, "deterministic", [-1] * n, 0, [False] * n, source)
+        return cls(list(tokens), list(parents), None, DETERMINISTIC, [-1] * n, 0, [False] * n, source)
 
     @property
     def n_nodes(self) -> int:
@@ -196,7 +202,7 @@ class DraftProposal:
 def lookup_proposal(tokens: list[int]) -> DraftProposal:
     """A chain proposed without a draft model (prompt lookup): deterministic candidates, so the rules
     see point masses and there is no ``q``."""
-    return DraftProposal.candidates(tokens, list(range(-1, len(tokens) - 1)), "lookup")
+    return DraftProposal.candidates(tokens, list(range(-1, len(tokens) - 1)), LOOKUP)
 
 
 def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
@@ -278,12 +284,12 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     return DraftProposal(tokens, parents, q, spec.scheme, in_draft, forwards, expanded, q_raw=q_raw)
 
 
-def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: str, generator: torch.Generator) -> list[int]:
+def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: Scheme, generator: torch.Generator) -> list[int]:
     """``k`` children below a node: the ``k`` best raw draft tokens (deterministic), ``k`` i.i.d. draws
     from ``q``, or ``k`` draws without replacement (fewer when ``q`` has fewer tokens)."""
-    if scheme == "deterministic":
+    if scheme == DETERMINISTIC:
         return torch.topk(logits, min(k, logits.numel())).indices.tolist()
-    if scheme == "iid":
+    if scheme == IID:
         return sample_categorical(q.expand(k, -1), generator).tolist() if k > 1 else \
             sample_categorical(q[None], generator).tolist()
     out: list[int] = []

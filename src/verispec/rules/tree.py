@@ -84,6 +84,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal
 
 import torch
 
@@ -101,8 +102,13 @@ from verispec.rules.lossless import Greedy, Lossless
 from verispec.rules.shipped import SGLangThresholds, Strict
 from verispec.rules.truncation import Truncation
 
-SCHEMES = ("iid", "without_replacement", "deterministic")
-SAMPLED_SCHEMES = ("iid", "without_replacement")
+#: How a tree's children were proposed (see :class:`DraftTree`).
+Scheme = Literal["iid", "without_replacement", "deterministic"]
+IID: Scheme = "iid"
+WITHOUT_REPLACEMENT: Scheme = "without_replacement"
+DETERMINISTIC: Scheme = "deterministic"
+SCHEMES = (IID, WITHOUT_REPLACEMENT, DETERMINISTIC)
+SAMPLED_SCHEMES = (IID, WITHOUT_REPLACEMENT)
 
 #: ``parents`` value of a padding node (allowed only after all real nodes of its row).
 PAD_PARENT = -2
@@ -145,7 +151,7 @@ class DraftTree:
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    scheme: str = "deterministic"
+    scheme: Scheme = DETERMINISTIC
 
     def __post_init__(self) -> None:
         tokens, parents = self.tokens, self.parents
@@ -181,7 +187,7 @@ class DraftTree:
         if (~pad & (tokens < 0)).any():
             b, i = (int(v) for v in (~pad & (tokens < 0)).nonzero()[0])
             raise ValueError(f"DraftTree: node {i} of row {b} has negative token id {int(tokens[b, i])}")
-        if self.scheme == "without_replacement":
+        if self.scheme == WITHOUT_REPLACEMENT:
             dup = self._duplicate_siblings()
             if dup is not None:
                 raise ValueError(
@@ -191,7 +197,7 @@ class DraftTree:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def chain(cls, tokens: torch.Tensor, scheme: str = "iid") -> DraftTree:
+    def chain(cls, tokens: torch.Tensor, scheme: Scheme = IID) -> DraftTree:
         """The chain ``x_1..x_G`` of each row: ``tokens [B, G]``, node ``i``'s parent is ``i − 1``."""
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
             raise ValueError(f"DraftTree.chain expects tokens [B, G], got {getattr(tokens, 'shape', type(tokens))}")
@@ -201,7 +207,7 @@ class DraftTree:
 
     @classmethod
     def from_rows(cls, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
-                  scheme: str = "deterministic") -> DraftTree:
+                  scheme: Scheme = DETERMINISTIC) -> DraftTree:
         """Stack per-row lists of unequal length into a padded batch (padding: token 0, PAD_PARENT)."""
         if len(tokens) != len(parents):
             raise ValueError(f"DraftTree.from_rows: {len(tokens)} token rows but {len(parents)} parent rows")
@@ -304,7 +310,7 @@ class DraftTree:
 
 # -- which rule has which tree form ----------------------------------------------------------------
 
-def check_tree_rule(rule: Rule, scheme: str, max_branching: int, uniform_chain: bool = False) -> None:
+def check_tree_rule(rule: Rule, scheme: Scheme, max_branching: int, uniform_chain: bool = False) -> None:
     """Raise ``ValueError`` unless ``rule`` has a tree form for ``scheme`` (see the module table)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown tree scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
@@ -315,9 +321,9 @@ def check_tree_rule(rule: Rule, scheme: str, max_branching: int, uniform_chain: 
             f"rule {rule.spec()!r} is defined on chains only (a sequence-level rule over one draft block); "
             "pass a DraftTree.chain of equal length in every row, or use a per-token rule (e.g. lossless) on trees"
         )
-    if rule.is_lossless and (scheme != "deterministic" or isinstance(rule, POINT_MASS_RULES + LOSSLESS_AT_POINT_MASS)):
+    if rule.is_lossless and (scheme != DETERMINISTIC or isinstance(rule, POINT_MASS_RULES + LOSSLESS_AT_POINT_MASS)):
         return
-    if scheme == "deterministic":
+    if scheme == DETERMINISTIC:
         if not isinstance(rule, POINT_MASS_RULES):
             raise ValueError(
                 f"rule {rule.spec()!r} has no deterministic-tree form: a deterministic candidate is a point mass "
@@ -341,20 +347,20 @@ def _point_mass(tok: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like).scatter_(-1, tok[:, None], 1.0)
 
 
-def _accept_prob(rule: PerTokenRule, scheme: str, g: torch.Tensor, q_k: torch.Tensor | None,
+def _accept_prob(rule: PerTokenRule, scheme: Scheme, g: torch.Tensor, q_k: torch.Tensor | None,
                  tok: torch.Tensor) -> torch.Tensor:
     """Acceptance probability of candidate ``tok [R]`` at target ``g [R, V]``. ``-> [R]``."""
-    draft = _point_mass(tok, g) if scheme == "deterministic" else q_k
+    draft = _point_mass(tok, g) if scheme == DETERMINISTIC else q_k
     return rule.accept_prob_at(g, draft, tok).clamp(0.0, 1.0)
 
 
-def _reject(rule: PerTokenRule, scheme: str, g: torch.Tensor, q_k: torch.Tensor | None, tok: torch.Tensor,
+def _reject(rule: PerTokenRule, scheme: Scheme, g: torch.Tensor, q_k: torch.Tensor | None, tok: torch.Tensor,
             p_node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(g, q_k)`` after rejecting ``tok``; rows ``[R, V]``."""
-    if scheme == "deterministic":
+    if scheme == DETERMINISTIC:
         return normalize_or(g.scatter(-1, tok[:, None], 0.0), p_node), None
     g = rule.residual(g, q_k)
-    if scheme == "without_replacement":
+    if scheme == WITHOUT_REPLACEMENT:
         q_k = normalize_or(q_k.scatter(-1, tok[:, None], 0.0), q_k)
     return g, q_k
 
@@ -387,7 +393,7 @@ def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: Draft
     p, q = _check_tree_inputs(p, q, tree)
     uniform_chain = tree.is_uniform_chain()
     check_tree_rule(rule, tree.scheme, tree.max_branching, uniform_chain)
-    deterministic = tree.scheme == "deterministic"
+    deterministic = tree.scheme == DETERMINISTIC
     needs_raw = rule.needs_raw
     if needs_raw and (deterministic or not uniform_chain):
         raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on sampled chains only "
@@ -417,7 +423,7 @@ def _point_mass_rows(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _verify_tree_path(rule: PerTokenRule, p: torch.Tensor, q: torch.Tensor | None, tree: DraftTree,
                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     scheme = tree.scheme
-    deterministic = scheme == "deterministic"
+    deterministic = scheme == DETERMINISTIC
     batch, vocab, device = p.shape[0], p.shape[-1], p.device
     tokens = tree.tokens.to(device)
     children = tree.children.to(device)                                   # [B, N+1, M]
@@ -482,7 +488,7 @@ def _check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
         )
     vocab = p.shape[-1]
     if q is None:
-        if tree.scheme != "deterministic":
+        if tree.scheme != DETERMINISTIC:
             raise ValueError(
                 f"scheme {tree.scheme!r} samples children from the draft: pass q [B, N+1, V] "
                 "(q may be None only for scheme 'deterministic')"
@@ -505,7 +511,7 @@ def _check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
     check_distribution(p[rows_used], "target p")
     if q is not None:
         q = as_float(q).to(p.dtype)
-        if tree.scheme != "deterministic":
+        if tree.scheme != DETERMINISTIC:
             has_children = tree.n_children.to(p.device) > 0
             check_distribution(q[has_children], "draft q")
     return p, q
@@ -514,7 +520,7 @@ def _check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
 # -- closed forms --------------------------------------------------------------------------------------
 
 def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor | None = None,
-                  scheme: str = "deterministic") -> tuple[torch.Tensor, torch.Tensor]:
+                  scheme: Scheme = DETERMINISTIC) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact emitted law at ONE node, given its candidate list.
 
     ``g: [..., V]`` the processed target at the node; ``candidates: [..., m]`` the children's tokens
@@ -542,7 +548,7 @@ def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torc
         raise ValueError(f"candidate token ids must lie in [0, {vocab}) (padding -1); got {cand.min()}..{cand.max()}")
     if m > 1 and ((cand[:, :-1] < 0) & (cand[:, 1:] >= 0)).any():
         raise ValueError("candidate padding (-1) must come after all real candidates")
-    if scheme == "deterministic":
+    if scheme == DETERMINISTIC:
         q_flat = None
     else:
         if q is None:
@@ -552,7 +558,7 @@ def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torc
             raise ValueError(f"q must have the shape of g {tuple(g.shape)}; got {tuple(q.shape)}")
         check_distribution(q, "draft q")
         q_flat = q.reshape(-1, vocab)
-        if scheme == "without_replacement":
+        if scheme == WITHOUT_REPLACEMENT:
             same = (cand[:, :, None] == cand[:, None, :]) & (cand[:, :, None] >= 0)
             if (same & ~torch.eye(m, dtype=torch.bool, device=cand.device)).any():
                 raise ValueError("scheme 'without_replacement' cannot have duplicate candidates")
@@ -569,7 +575,7 @@ def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torc
     for k in range(m):
         tok = cand[:, k].clamp_min(0)
         active = cand[:, k] >= 0
-        if scheme == "deterministic":
+        if scheme == DETERMINISTIC:
             active &= ~tried[rows, tok]
         a = torch.where(active, _accept_prob(rule, scheme, g_k, q_k, tok), torch.zeros_like(survive))
         accept[:, k] = survive * a
@@ -585,7 +591,7 @@ def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torc
 
 
 def sampled_node_law(rule: Rule, g: torch.Tensor, q: torch.Tensor, m: int,
-                     scheme: str = "iid") -> tuple[torch.Tensor, torch.Tensor]:
+                     scheme: Scheme = IID) -> tuple[torch.Tensor, torch.Tensor]:
     """Law of one node averaged over its ``m`` sampled candidates, by exact enumeration.
 
     ``g, q: [V]``; ``scheme`` ``"iid"`` (``c_k ~ q`` independently) or ``"without_replacement"``
@@ -601,17 +607,17 @@ def sampled_node_law(rule: Rule, g: torch.Tensor, q: torch.Tensor, m: int,
     vocab = g.shape[0]
     if vocab**m > MAX_ENUMERATION:
         raise ValueError(f"sampled_node_law enumerates V^m = {vocab}^{m} tuples, more than {MAX_ENUMERATION}")
-    if scheme == "without_replacement" and int((q > 0).sum()) < m:
+    if scheme == WITHOUT_REPLACEMENT and int((q > 0).sum()) < m:
         raise ValueError(f"q has only {int((q > 0).sum())} tokens of positive probability: {m} candidates cannot "
                          "be drawn without replacement")
     tuples = [t for t in itertools.product(range(vocab), repeat=m)
-              if scheme == "iid" or len(set(t)) == m]
+              if scheme == IID or len(set(t)) == m]
     weights = []
     for t in tuples:
         w, left = 1.0, 1.0
         for c in t:
             w *= q[c].item() / left if left > 0 else 0.0
-            if scheme == "without_replacement":
+            if scheme == WITHOUT_REPLACEMENT:
                 left -= q[c].item()
         weights.append(w)
     weight = torch.tensor(weights, dtype=g.dtype)
@@ -645,7 +651,7 @@ def tree_path_law(rule: Rule, p: torch.Tensor, q: torch.Tensor | None,
             emit, accept = dist, torch.zeros(0, dtype=g.dtype)
         else:
             cand = tokens[kids]
-            q_row = None if q1 is None or tree.scheme == "deterministic" else q1[0, slot][None]
+            q_row = None if q1 is None or tree.scheme == DETERMINISTIC else q1[0, slot][None]
             emit, accept = tree_node_law(rule, g[None], cand[None], q_row, tree.scheme)
             emit, accept = emit[0].clone(), accept[0]
             emit.index_add_(0, cand, -accept)          # what is left is the correction's mass
