@@ -1,4 +1,4 @@
-"""EAGLE-3 heads (models/eagle3.py): the published layout, loading, the head's cache and EAGLE-2 trees.
+"""EAGLE-3 heads (models/eagle3/): the published layout, loading, the head's cache and EAGLE-2 trees.
 
 Heads are randomly initialised on tiny random float64 Llama targets; the target's hidden states come
 straight from ``model(..., output_hidden_states=True)``. The tree is checked against a brute-force
