@@ -12,7 +12,7 @@ and at each of them every rule's induced law is known in closed form
    one re-records only the sample it re-generates (same seed, same positions);
 2. at report time pools the positions of the samples that are in the store, per lossless run, and
    summarises every rule of the same (dataset, sampling, γ, models, budget) group against its true
-   baseline (:func:`verispec.diagnose.measures.summarize`), plus — for truncation rules — the total
+   baseline (:func:`verispec.diagnose.summary.summarize`), plus — for truncation rules — the total
    variation to plain target sampling, the *wrong* baseline (:func:`distortions`);
 3. draws the Figure-2 view of the most contested recorded position (:func:`plot_figure2`).
 
@@ -206,7 +206,7 @@ class RuleDistortion:
 def distortions(records, rule_specs: Sequence[str], *, gamma: int) -> dict[str, RuleDistortion]:
     """``{rule spec: RuleDistortion}`` of every rule on ``records`` (a PositionRecorder)."""
     from verispec import rules as rules_mod
-    from verispec.diagnose.measures import summarize
+    from verispec.diagnose.summary import summarize
 
     specs = list(dict.fromkeys(rules_mod.get(s).spec() for s in rule_specs))
     out = {}

@@ -2,33 +2,29 @@
 
 * :mod:`~verispec.diagnose.record` — :class:`PositionRecorder`, compact (exact-where-it-matters)
   records of ``(p, q)`` rows with meta, saved to one compressed ``.npz``;
-* :mod:`~verispec.diagnose.measures` — per-position measures (:func:`measure`; the distances
-  :func:`tv_distance`, :func:`overshoot_mass`, :func:`ceiling_ratio` used everywhere), the same on records
-  with compression-error bounds (:func:`measure_records`), corpus summaries (:func:`summarize`),
-  JSON / Markdown writers and :func:`rank_correlation`;
+* :mod:`~verispec.diagnose.measures` — exact per-position measures (:func:`measure`; the distances
+  :func:`tv_distance`, :func:`overshoot_mass`, :func:`ceiling_ratio` used everywhere);
+* :mod:`~verispec.diagnose.on_records` — the same on compressed records, with compression-error bounds
+  (:func:`measure_records`), and :func:`recorded_block_efficiency`;
+* :mod:`~verispec.diagnose.summary` — corpus summaries (:func:`summarize`), JSON / Markdown writers and
+  :func:`rank_correlation`;
 * :mod:`~verispec.diagnose.plots` — frontier, entropy and single-position figures (matplotlib Agg);
 * :mod:`~verispec.diagnose.corpus` — :func:`collect_corpus` records the drafted positions of real
-  lossless generations through the engine's observer hook.
+  lossless generations through an engine observer.
 """
 
 from verispec.diagnose.corpus import collect_corpus
-from verispec.diagnose.measures import (
-    MEASURES,
-    ceiling_ratio,
+from verispec.diagnose.measures import MEASURES, ceiling_ratio, measure, overshoot_mass, tokens_per_call, tv_distance
+from verispec.diagnose.on_records import measure_records, recorded_block_efficiency
+from verispec.diagnose.record import PositionRecorder
+from verispec.diagnose.summary import (
     diagnostics_markdown,
     distortion_by_rule,
-    measure,
-    measure_records,
-    overshoot_mass,
     rank_correlation,
-    recorded_block_efficiency,
     summarize,
-    tokens_per_call,
-    tv_distance,
     write_diagnostics_json,
     write_diagnostics_markdown,
 )
-from verispec.diagnose.record import PositionRecorder
 
 __all__ = [
     "PositionRecorder",

@@ -58,7 +58,7 @@ def config_from_args(args) -> DiagnoseConfig:
 
 
 def cmd_diagnose(args, accuracy_gaps: AccuracyGaps | None = None) -> int:
-    from verispec.diagnose.measures import diagnostics_markdown
+    from verispec.diagnose.summary import diagnostics_markdown
 
     cfg, cluster, pool = config_from_args(args), flags.cluster_from_args(args), None
     if cluster.distributed:   # the corpus is recorded on Ray workers, one prompt per unit

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from verispec import rules as rules_mod
+from verispec.outputs import atomic_path
 
 _LABELS = {
     "tv": "TV distance to the true baseline",
@@ -46,7 +47,8 @@ def _figure(width: float, height: float):
 
 def _save(fig, path: str | os.PathLike) -> str:
     path = os.fspath(path)
-    fig.savefig(path, format="png")
+    with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
+        fig.savefig(tmp, format="png")
     return path
 
 

@@ -74,7 +74,9 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
     ``accuracy_gaps(bench_dir)`` reads from that bench (``verispec.bench.cli.accuracy_gaps``: the
     bench sits above this layer, so the caller passes it)."""
     from verispec.diagnose.corpus import collect_corpus
-    from verispec.diagnose.measures import (
+    from verispec.diagnose.plots import plot_distortion_vs_entropy, plot_frontier, plot_position
+    from verispec.diagnose.record import PositionRecorder
+    from verispec.diagnose.summary import (
         distortion_by_rule,
         rank_correlation,
         summarize,
@@ -82,8 +84,6 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         write_diagnostics_json,
         write_diagnostics_markdown,
     )
-    from verispec.diagnose.plots import plot_distortion_vs_entropy, plot_frontier, plot_position
-    from verispec.diagnose.record import PositionRecorder
     from verispec.sampling import SamplingConfig
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -201,7 +201,7 @@ def _reuse_or_record(cfg: DiagnoseConfig, path: Path, key: dict, load, what: str
 def _tree_form(cfg: DiagnoseConfig, sampling, out: Path, log, load_models, progress: bool) -> list[dict]:
     """Record (or reuse) the tree corpus and summarise every rule's tree form beside its chain form;
     writes ``tree_form.json`` and ``tree_form.md``."""
-    from verispec.diagnose.measures import to_jsonable
+    from verispec.diagnose.summary import to_jsonable
     from verispec.diagnose.tree_form import TreeCorpus, collect_tree_corpus, summarize_tree_form, tree_form_markdown
 
     corpus = _reuse_or_record(
