@@ -550,12 +550,7 @@ def test_drafter_follows_an_hf_backend_round(head, target):
     from verispec.models.hf import HFBackend
 
     tok = tiny_char_tokenizer()
-    try:
-        backend = HFBackend(target, tokenizer=tok, capture_hidden=head.target_layers)
-    except TypeError:
-        pytest.skip("HFBackend has no capture_hidden yet")
-    if not hasattr(backend, "forward_tree"):
-        pytest.skip("HFBackend has no forward_tree yet")
+    backend = HFBackend(target, tokenizer=tok, capture_hidden=head.target_layers)
     prompt = tok.encode("a tiny prompt")
     d = Eagle3Drafter(head, target.get_input_embeddings(), top_k=3, depth=3, nodes=9)
     backend.forward(prompt[:-1])
@@ -577,13 +572,6 @@ def test_drafter_follows_an_hf_backend_round(head, target):
 
 
 def test_gpu_script_main_runs_on_cpu_with_local_dirs(tmp_path, capsys):
-    pytest.importorskip("verispec.rules.tree", reason="verispec.rules.tree (verify_tree) is not written yet")
-    import inspect
-
-    from verispec.models.hf import HFBackend
-
-    if "capture_hidden" not in inspect.signature(HFBackend).parameters or not hasattr(HFBackend, "forward_tree"):
-        pytest.skip("HFBackend has no capture_hidden / forward_tree yet")
     model = tiny_hf_model("llama", vocab_width=VOCAB, hidden=HIDDEN, layers=LAYERS, seed=3, init_range=0.2)
     model.to(torch.float32).save_pretrained(tmp_path / "target")
     tiny_char_tokenizer().save_pretrained(tmp_path / "target")

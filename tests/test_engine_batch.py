@@ -9,8 +9,8 @@ import torch
 
 import verispec.rules as R
 from tests.helpers.fake_lm import FakeLM
+from tests.helpers.laws import exact_prefix_law
 from tests.helpers.rule_cases import ALPHA, gof_pvalue
-from tests.test_engine import exact_prefix_law
 from verispec.engine import generate, generate_target_only
 from verispec.engine.batch import generate_batch, generate_target_only_batch
 from verispec.models.batch import BatchBackend, HFBatchBackend, RowsOfBackends, row_slices

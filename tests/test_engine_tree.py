@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.helpers.fake_lm import FakeLM
+from tests.helpers.laws import assert_law, exact_prefix_law, sample_prefixes
 from tests.helpers.rule_cases import gof_pvalue
-from tests.test_engine import assert_law, exact_prefix_law, sample_prefixes
 from verispec.engine import generate, generate_target_only
 from verispec.engine.tree import TreeSpec, grow_tree
 from verispec.sampling import SamplingConfig

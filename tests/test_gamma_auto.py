@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.fake_lm import FakeLM
-from tests.test_engine import T1, assert_law, exact_prefix_law, sample_prefixes
+from tests.helpers.laws import T1, assert_law, exact_prefix_law, sample_prefixes
 from verispec.engine import (
     AutoGamma,
     CostProfile,
@@ -112,9 +112,10 @@ def test_optimism_drafts_while_acceptance_is_uncertain_and_fades_with_evidence()
 
 
 # ------------------------------------------------------------------------------ the engine
-@pytest.mark.parametrize("prof", [XEON, AMD, CHEAP_DRAFT, MIXED], ids=["xeon", "amd", "cheap", "mixed"])
+@pytest.mark.parametrize("prof, plain", [(XEON, "some"), (AMD, "all"), (CHEAP_DRAFT, "any"), (MIXED, "some")],
+                         ids=["xeon", "amd", "cheap", "mixed"])
 @pytest.mark.parametrize("spec", ["lossless", "lenience:ell=0.3", "speccascade:p_base=0.5"])
-def test_greedy_auto_sd_equals_greedy_target_only(prof, spec):
+def test_greedy_auto_sd_equals_greedy_target_only(prof, plain, spec):
     """Cache handling with variable γ and plain steps (the draft catching up on several tokens)."""
     target, draft = FakeLM(vocab=5, seed=6), FakeLM(vocab=5, seed=7)
     ref = generate_target_only(target, [0, 1, 2], sampling=GREEDY, max_new_tokens=40)
@@ -124,10 +125,10 @@ def test_greedy_auto_sd_equals_greedy_target_only(prof, spec):
     hist = out.stats.gamma_hist
     assert sum(hist) == len(pol.chosen) and out.stats.gamma_policy == "auto"
     assert out.stats.target_calls == sum(hist)
-    if prof is AMD:
-        assert out.stats.draft_calls == 0 and hist == [sum(hist)]
-    if prof is XEON:
-        assert hist[0] > 0 and sum(hist[1:]) > 0  # both plain and drafted steps happened
+    drafted = sum(hist[1:])
+    # AMD: drafting cannot pay, every step is plain; XEON / MIXED: both kinds of step; CHEAP: it drafts
+    assert {"all": drafted == 0 and out.stats.draft_calls == 0, "some": hist[0] > 0 and drafted > 0,
+            "any": drafted > 0}[plain]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.helpers.fake_lm import FakeLM
-from tests.test_engine import assert_law, exact_prefix_law, sample_prefixes
+from tests.helpers.laws import assert_law, exact_prefix_law, sample_prefixes
 from verispec.engine import CostProfile, cached_profile, generate, generate_target_only, measure_profile
 from verispec.engine.gamma import LookupGamma, best_gamma, expected_tokens
 from verispec.engine.ngram import NgramDrafter
