@@ -12,6 +12,20 @@ from collections.abc import Sequence
 
 import torch
 
+#: Logits by (seed, scale, vocabulary, bias, prefix): law tests revisit the same few prefixes thousands of
+#: times, and computing them (a hash, a generator, a draw) costs more than the engine's step around them.
+_LOGITS: dict[tuple, torch.Tensor] = {}
+_LOGITS_MAX = 1 << 18
+
+
+def _logits(seed: int, scale: float, vocab: int, bias: dict[int, float], prefix: Sequence[int]) -> torch.Tensor:
+    key = hashlib.sha256(f"{seed}:{','.join(map(str, prefix))}".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
+    logits = torch.randn(vocab, generator=gen, dtype=torch.float64) * scale
+    for tok, b in bias.items():
+        logits[tok] += b
+    return logits.float()
+
 
 class FakeLM:
     def __init__(self, vocab: int = 4, seed: int = 0, scale: float = 1.5, eos: int | None = None,
@@ -44,12 +58,14 @@ class FakeLM:
 
     # -- model ----------------------------------------------------------------------------------
     def next_logits(self, prefix: Sequence[int]) -> torch.Tensor:
-        key = hashlib.sha256(f"{self.seed}:{','.join(map(str, prefix))}".encode()).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
-        logits = torch.randn(self.vocab_size, generator=gen, dtype=torch.float64) * self.scale
-        for tok, b in self.bias.items():
-            logits[tok] += b
-        return logits.float()
+        key = (self.seed, self.scale, self.vocab_size, tuple(sorted(self.bias.items())), tuple(prefix))
+        logits = _LOGITS.get(key)
+        if logits is None:
+            logits = _logits(self.seed, self.scale, self.vocab_size, self.bias, prefix)
+            if len(_LOGITS) >= _LOGITS_MAX:
+                _LOGITS.clear()
+            _LOGITS[key] = logits
+        return logits.clone()
 
     def reset(self) -> None:
         self.tokens = []
