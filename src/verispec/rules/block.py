@@ -1,4 +1,4 @@
-"""Block verification (Sun et al. 2024, arXiv 2403.10444; spec §1.2): lossless over the whole block.
+"""Block verification (Sun et al. 2024, arXiv 2403.10444; docs/verification-rules.md §1.2): lossless per block.
 
 With ``r_i = p_i(x_i)/q_i(x_i)``::
 

@@ -16,7 +16,7 @@ at most ``Σ_{l<L} V^l`` prefixes (``V <= 5``, ``γ <= 3``, ``L <= 4`` take well
 The per-block law ``outcome_law`` (``[B, G+1, V]``) is exact for
 
 * per-token rules (:class:`~verispec.rules.base.PerTokenRule`): ``P(n = k) = Π_{i<k} h_i (1 − h_k)``,
-  next ``~ r_k``; ``P(n = G) = Π h_i``, next ``~ bonus(p_{G+1})`` — the chain semantics of §0;
+  next ``~ r_k``; ``P(n = G) = Π h_i``, next ``~ bonus(p_{G+1})``: the chain semantics of docs/verification-rules.md §0;
 * ``block`` (Sun et al.): ``P(τ = i) = s_i Π_{j>i}(1 − s_j)`` (``s_0 := 1``), next ``~ norm(R_τ)``;
 * ``hsd`` and its published variants (:mod:`verispec.rules.hsd_variants`): the backward walk's
   stopping probabilities;

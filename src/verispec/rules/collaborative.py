@@ -1,11 +1,11 @@
-"""Collaborative verification: the draft and target probabilities are interpolated (spec §2).
+"""Collaborative verification: the draft and target probabilities are interpolated (docs/verification-rules.md §2).
 
 * ``lenience:ell`` (Leviathan et al. App. A.5): ``h = min(1, p/(ℓq))``, lossless residual
   ``norm((p − q)_+)``; induced law eq. (2.3), bounded by ``p/ℓ``.
 * ``cos_we:lam`` (CoS weighted ensemble, λ = weight on the **target**, the paper's convention):
   ``h = min(1, λp/q + 1 − λ)``, residual ``norm((p − q)_+)``; induced ``λp + (1 − λ)q``.
 * ``cos_cd:mu`` (CoS contrastive): exact speculative sampling against ``π_CD ∝ p·q^{−μ}``.
-  Deliberate deviation from the reference code (spec §2.3 edge case): the rule only sees processed
+  Deliberate deviation from the reference code (§2.3 (7)): the rule only sees processed
   probabilities, where top-k/top-p leave ``q = 0`` on tokens the target keeps, making ``q^{−μ}``
   infinite. We floor ``q`` at the smallest non-zero draft probability of the row, i.e. a token the
   draft truncated is treated as being as unlikely as its least likely kept token. Where ``q > 0``
@@ -16,7 +16,7 @@
   ``π_CD`` with ``mu``) exact speculative sampling against ``π^κ = norm(min(π, κp))``.
 
 At temperature 0 (one-hot p and q) lenience and the ceiling on p collapse to exact matching; CoS
-rules do not (their greedy reference is ``argmax π``), see spec §2.2(7).
+rules do not (their greedy reference is ``argmax π``), see §2.2(7).
 """
 
 from __future__ import annotations

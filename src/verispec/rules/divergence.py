@@ -11,10 +11,10 @@ the position (and, for the KL judge, ``max p``) — so ``h`` does not depend on 
 for both rules and every fallback below, while the acceptance differs. True baseline: the plain
 target ``p`` (both sources compare with target sampling / standard SD).
 
-Place in the taxonomy: **deferral**. (D.1) is the law of a row-level speculative cascade (spec §3.3:
-Chow, Diff, OPT defer per position to ``p`` or keep ``q`` on a row statistic); here the deferral
-statistic is a divergence. ``kl_judge`` with ``reject=sd`` realises it exactly as the cascades do
-(lossless speculative sampling against ``π ∈ {q, p}``); ``fuzzy`` realises the same law with
+Place in the taxonomy: **deferral**. (D.1) is the law of a row-level speculative cascade
+(docs/verification-rules.md §3.3: Chow, Diff, OPT defer per position to ``p`` or keep ``q`` on a row
+statistic); here the deferral statistic is a divergence. ``kl_judge`` with ``reject=sd`` realises it
+exactly as the cascades do (lossless speculative sampling against ``π ∈ {q, p}``); ``fuzzy`` realises the same law with
 ``h ∈ {0, 1}`` and a rejection that samples ``p``, i.e. with lower acceptance. It is not a truncation
 set rule (no token set of ``p``: the decision is per row) nor collaborative (no interpolation of ``p``
 and ``q`` inside a row).

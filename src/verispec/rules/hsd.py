@@ -1,4 +1,4 @@
-"""Hierarchical speculative decoding, lossless variant (Zhou et al., arXiv 2601.05724; spec §1.3).
+"""Hierarchical speculative decoding, lossless variant (Zhou et al., arXiv 2601.05724; docs/verification-rules.md §1.3).
 
 The reference implementation's lossless path (running-max cap, backward walk), with one correction::
 
@@ -12,8 +12,8 @@ The reference implementation's lossless path (running-max cap, backward walk), w
 The correction: the whole block is accepted with ``min(1, P_G/(M_{G−1}·Q_G))``. No published HSD code
 caps this final ratio (the HSD repository at f3adf7f uses ``min(1, P_G/Q_G)``, registered as
 ``hsd_uncapped_final`` in :mod:`verispec.rules.hsd_variants` beside the Fast-HSD variants), and without
-the cap the law is not ``p`` (exact block laws: ``benchmarks/sequence_rules.py``). The design file's §1.3
-calls the capped form "as implemented"; it is verispec's lossless correction of it.
+the cap the law is not ``p`` (exact block laws: ``benchmarks/sequence_rules.py``). An earlier design note
+called the capped form "as implemented"; it is verispec's lossless correction of it.
 
 All joint masses are handled relative to ``Q_k`` (the walk only uses ratios), in log space.
 Guards: ``Z_k = 0`` gives ``s_k = 1`` (reference code's nan_to_num); a walk that steps back past

@@ -1,4 +1,4 @@
-"""Token-level lossless speculative sampling and greedy exact-match verification (spec §1.1).
+"""Token-level lossless speculative sampling and greedy exact-match verification (docs/verification-rules.md §1.1).
 
 ``lossless``: ``h = min(1, p/q)``, ``r = norm((p − q)_+)`` (fallback ``p``), ``P_R = p``,
 ``β = 1 − d(p, q)``.

@@ -55,7 +55,7 @@ Fixed-α mode (``mentored:alpha``): the sources index every optimal solution by 
 build all solutions ... with α varying from 0 to 1"); ``alpha=`` fixes it (β from (M.2)), which is
 the minimal-KL law at acceptance ``Σ min(q, p/α)`` (proof §4, the auxiliary problem).
 
-Relation to lenience and the overshoot ceiling (spec §2.1, §2.4; tested). Mentored decoding with a
+Relation to lenience and the overshoot ceiling (docs/verification-rules.md §2.1, §2.4; tested). Mentored decoding with a
 fixed ``α = ℓ`` has **the same** ``h = min(1, p/(ℓq))``, yield ``min(q, p/ℓ)``, acceptance and
 ceiling ``π <= p/ℓ`` as ``lenience:ell=ℓ`` = ``ceiling:kappa=1/ℓ`` (base p), and the same law on
 ``{q >= p}``. They differ only in where the rejected mass goes: lenience keeps the lossless residual,

@@ -1,4 +1,4 @@
-"""Tree (multi-draft) verification: exact, batched, with closed forms (spec §1.4 and §4).
+"""Tree (multi-draft) verification: exact, batched, with closed forms (docs/verification-rules.md §1.4 and §4).
 
 A draft tree is data (:class:`DraftTree`: node tokens and parent indices, one tree per batch row);
 :func:`verify_tree` consumes it in one call, and a chain is the degenerate tree.
@@ -53,8 +53,8 @@ every other lossy rule  ``rule.verify``  refused (5)                            
 (2) Only rules with ``is_lossless`` true (``lossless``, ``greedy``, and the lossless settings
     ``lenience:ell=1``, ``cos_we:lam=1``, ``cos_cd:mu=0``, ``ceiling:kappa=1``) have a defined
     multi-child form for sampled children; a lossy rule there raises ``ValueError`` pointing to
-    ``scheme="deterministic"`` (spec §4) or to chains.
-(3) On rejecting a deterministic candidate every rule zeroes ``g(c)`` and renormalises (the RI §4
+    ``scheme="deterministic"`` (§4) or to chains.
+(3) On rejecting a deterministic candidate every rule zeroes ``g(c)`` and renormalises (the §4
     update), whereas the chain residual of ``speccascade`` / ``typical`` samples the full ``p``: a
     rejected candidate is not re-emitted by the correction, which is what makes the next sibling a
     fresh proposal. Hence per-token rules on ``deterministic`` chains take the tree path (so the law
@@ -62,7 +62,7 @@ every other lossy rule  ``rule.verify``  refused (5)                            
     ``rule.verify``. For min-p the node emits the first candidate in ``A`` surely (membership is
     invariant under removing non-members); the η set is recomputed on the renormalised ``g``.
 (4) Our ``typical`` keeps its chain acceptance, the hard ``1[g(c) >= θ(g)]``; the reference code's
-    EAGLE path uses the soft ``min(1, g(c)/θ(g))`` in trees (spec §4). Candidates with ``g(c) >= θ``
+    EAGLE path uses the soft ``min(1, g(c)/θ(g))`` in trees (§4). Candidates with ``g(c) >= θ``
     are accepted surely in both; ours never accepts one below the threshold (except the argmax of
     ``g``, which the η set always keeps).
 (5) These rules read the draft's full distribution ``q`` at the node, and a deterministic candidate
@@ -70,7 +70,7 @@ every other lossy rule  ``rule.verify``  refused (5)                            
     probability ``>= 1 − λ`` whatever ``p`` says (law ``λp + (1 − λ)δ_c``), ``cos_cd`` (draft floored
     at its smallest positive probability) becomes plain ``lossless`` with ``μ`` ignored, the ceiling on
     an ensemble inherits those, and ``cascade`` chow/diff/opt always defer to the point mass. We refuse
-    them with a ``ValueError`` (spec §1.4: EAGLE-3 has no full ``q``; CoS is not wired in the RI tree
+    them with a ``ValueError`` (§1.4: EAGLE-3 has no full ``q``; CoS is not wired in the reference tree
     path) instead of running those degenerate forms; their lossless settings are allowed.
 
 Randomness: one uniform ``u ~ U[0, 1)`` per (depth, sibling rank) for the whole batch (``u < a``
@@ -337,7 +337,7 @@ def check_tree_rule(rule: Rule, scheme: Scheme, max_branching: int, uniform_chai
         raise ValueError(
             f"rule {rule.spec()!r} is lossy: with {scheme} sampled children it is defined only on chains (one "
             "child per node); for trees with branching > 1 use scheme 'deterministic' (fixed candidates, "
-            "spec §4), or a lossless rule (lossless, greedy) with sampled children"
+            "docs/verification-rules.md §4), or a lossless rule (lossless, greedy) with sampled children"
         )
 
 

@@ -1,4 +1,6 @@
-"""Truncation-based verification: accept the draft token iff it lies in a target allowed set (spec §3).
+"""Truncation-set verification: accept the draft token iff it is in a target's allowed set.
+
+The mathematics: docs/verification-rules.md §3.
 
 Every rule of the family is a :class:`Truncation`: ``A(p)`` is the support of a truncation pipeline run on
 the processed target ``p`` (:func:`verispec.sets.truncation_mask`: steps prob-gap -> top-k -> top-p ->
@@ -32,7 +34,7 @@ the ``post_*`` fields of its post-truncation pass otherwise).
   prediction … is same"), which is the argmax that the ε set always holds. True baseline: ε-cutoff
   sampling ``ε = e^{−α}``.
 * ``cascade:rule=…,alpha`` — the original speculative cascades (Narasimhan et al.): exact
-  speculative sampling against the deferral target ``π`` (table of spec §3.3). Deliberate deviation:
+  speculative sampling against the deferral target ``π`` (table of §3.3). Deliberate deviation:
   the deferral statistics use the same processed probabilities as ``π`` (the official colab uses
   temperature-1 ones), because rules only receive processed probabilities. ``token_v3`` with
   ``α = 1 − p_base`` has exactly SpecCascade's law (tested) and the same true baseline ``p_A``;
@@ -273,7 +275,7 @@ class BiLD(Truncation):
 
 
 def cascade_target(p: torch.Tensor, q: torch.Tensor, rule: str, alpha: float) -> torch.Tensor:
-    """Deferral target ``π`` of the original speculative cascades (spec §3.3). ``[..., V]``."""
+    """Deferral target ``π`` of the original speculative cascades (docs/verification-rules.md §3.3). ``[..., V]``."""
     max_p = p.amax(-1, keepdim=True)
     max_q = q.amax(-1, keepdim=True)
     if rule in ("chow", "diff", "opt"):
