@@ -16,7 +16,8 @@
   ``π_CD`` with ``mu``) exact speculative sampling against ``π^κ = norm(min(π, κp))``.
 
 At temperature 0 (one-hot p and q) lenience and the ceiling on p collapse to exact matching; CoS
-rules do not (their greedy reference is ``argmax π``), see §2.2(7).
+rules do not: their formula on one-hot rows mixes the two argmaxes (``λδ_{argmax p} + (1 − λ)δ_{argmax q}``
+for CoS-WE) and their true baseline stays ``p`` (docs/verification-rules.md §2.2(7)).
 """
 
 from __future__ import annotations
