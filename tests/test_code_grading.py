@@ -1,8 +1,9 @@
 """Code grading that the graded code cannot forge (issue 14).
 
-Every attack is a completion graded through the real ``checkers.check`` path, exactly as
-generated code is; each must score wrong.  Beside them: the plain-data codec, honest verdicts
-that need the task's own tolerance, and a sample of ``benchmarks/code_gold.py``.
+The attacks (completions graded through the real ``checkers.check`` path, each of which must
+score wrong) are the table of ``tests/test_grader_attacks.py``.  Here: the plain-data codec, what
+the candidate's process holds, honest verdicts that need the task's own tolerance, and a sample
+of ``benchmarks/code_gold.py``.
 """
 
 from __future__ import annotations
@@ -36,15 +37,6 @@ def problem(dataset: str, pid: str) -> Problem:
 
 def fenced(src: str) -> str:
     return "```python\n" + src.strip("\n") + "\n```"
-
-
-# HumanEval/0 (assert-style test) and its HumanEval+ twin (differential testing).
-BOTH = [("humaneval", "HumanEval/0"), ("humaneval_plus", "HumanEval/0")]
-CORRECT_HE0 = """
-def has_close_elements(numbers, threshold):
-    s = sorted(numbers)
-    return any(b - a < threshold for a, b in zip(s, s[1:]))
-"""
 
 
 # ------------------------------------------------------------------------------ codec
@@ -100,107 +92,9 @@ def test_codec_sends_other_objects_as_opaque_values_equal_to_nothing():
             decode(junk)
 
 
-# ------------------------------------------------------------------------------ forged grades
-ATTACKS = {
-    "call the driver's verdict function": """
-import __main__
-__main__._verdict(passed=True)
-def has_close_elements(numbers, threshold):
-    return False
-""",
-    "return an object equal to everything": """
-class Yes:
-    def __eq__(self, other):
-        return True
-    def __bool__(self):
-        return True
-def has_close_elements(numbers, threshold):
-    return Yes()
-""",
-    "return an int subclass equal to everything": """
-class Yes(int):
-    def __eq__(self, other):
-        return True
-    __hash__ = int.__hash__
-def has_close_elements(numbers, threshold):
-    return Yes(1)
-""",
-    "read a token from files and frames, then exit 0": """
-import os, sys
-found = []
-for name in os.listdir('.'):
-    try:
-        found.append(open(name).read())
-    except Exception:
-        pass
-f = sys._getframe()
-while f is not None:
-    found.append(repr(f.f_globals.get('_TOKEN')))
-    f = f.f_back
-os._exit(0)
-""",
-    "patch json.dumps, compile and os._exit shared with the driver": """
-import builtins, json, os
-json.dumps = lambda *a, **k: '{"passed": true, "ready": true}'
-builtins.compile = lambda *a, **k: compile_orig(*a, **k)
-compile_orig = compile
-os._exit = lambda code: None
-def has_close_elements(numbers, threshold):
-    return None
-""",
-    "use the driver's comparison, reference and expected outputs": """
-import __main__, os, pickle
-def has_close_elements(numbers, threshold):
-    try:
-        __main__._same = lambda *a: True
-    except Exception:
-        pass
-    for attempt in (lambda: __main__._reference()(numbers, threshold),
-                    lambda: pickle.load(open('expected.pkl', 'rb'))[0]):
-        try:
-            return attempt()
-        except Exception:
-            pass
-    return None
-""",
-    "forge result lines on the report channel": """
-import json, os
-fd = int(os.environ.get('VERISPEC_REPORT_FD', '1'))
-calls = json.load(open('calls.json'))['calls']
-lines = [json.dumps({'ready': True})] + [json.dumps({'i': i, 'out': True, 't': 0.0}) for i in range(len(calls))]
-os.write(fd, ('\\n'.join(lines) + '\\n').encode())
-os._exit(0)
-""",
-}
-
-
-@needs_data
-@pytest.mark.parametrize("attack", sorted(ATTACKS))
-@pytest.mark.parametrize("dataset,pid", BOTH)
-def test_forged_grades_score_wrong(dataset, pid, attack):
-    p = problem(dataset, pid)
-    assert check(p, fenced(CORRECT_HE0)).correct  # the task itself is gradeable
-    r = check(p, fenced(ATTACKS[attack]), timeout_s=10)
-    assert not r.correct, (attack, r.detail)
-
-
-@needs_data
-def test_slow_solution_that_disables_alarms_misses_the_per_input_limit():
-    p = problem("humaneval_plus", "HumanEval/0")
-    slow = """
-import signal, time
-for s in (signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF):
-    signal.signal(s, signal.SIG_IGN)
-signal.setitimer = lambda *a, **k: (0.0, 0.0)
-def has_close_elements(numbers, threshold):
-    time.sleep(3)  # the reference takes microseconds: the limit is max(1 s, 4 x its time)
-    s = sorted(numbers)
-    return any(b - a < threshold for a, b in zip(s, s[1:]))
-"""
-    r = check(p, fenced(slow), timeout_s=10)
-    assert not r.correct and "timeout" in r.detail and "input #0" in r.detail, r.detail
-
-
+# ------------------------------------------------------------------------------ what the candidate holds
+# The attacks themselves (forged grades, the sandbox's side doors, the grader's channel) are the
+# table-driven suite of tests/test_grader_attacks.py.
 @needs_data
 def test_candidate_process_holds_no_tests_expected_outputs_or_reference():
     """What the candidate can see: its own source, the inputs, the child's plain code -- nothing else."""
@@ -215,7 +109,8 @@ def has_close_elements(numbers, threshold):
     ref = coding._evalplus_reference(p.answer, p.id)
     run = coding._outputs_run(program, "has_close_elements", ref.calls[:1], timeout_s=10, memory_mb=1024)
     files, names = decode(run.results[0]["out"])
-    assert set(files) <= {"solution.py", "calls.json", "_verispec_audit_hook.py", "code_child.py"}, files
+    # no calls.json either: the inputs arrive one at a time on the request channel
+    assert set(files) <= {"solution.py", "_verispec_audit_hook.py", "code_child.py"}, files
     leaked = [n for n in names if any(w in n.lower() for w in ("expect", "token", "verdict", "reference", "test"))]
     assert leaked == [], leaked
 

@@ -8,13 +8,17 @@ event, on the report channel (``$VERISPEC_REPORT_FD``).  The grader in the paren
 
 Modes:
 
-``outputs SOLUTION CALLS``
-    Load ``SOLUTION`` (a Python file: prompt + candidate code, or the canonical solution) as a
-    module not named ``__main__``, then call its entry point on each call of ``CALLS`` (JSON:
-    ``{"entry": name, "calls": [{"args": [...], "kwargs": {...}}]}``, values encoded as below).
-    Reports ``{"ready": true}`` (or ``{"load_error": ...}``), then per call ``{"i": i, "out": v,
-    "t": seconds}``, ``{"i": i, "digest": hex, "size": n, "t": seconds}`` (big outputs) or
-    ``{"i": i, "raised": "TypeName: message", "t": seconds}``.
+``outputs SOLUTION ENTRY``
+    Reports ``{"started": true}``, loads ``SOLUTION`` (a Python file: prompt + candidate code,
+    or the canonical solution) as a module not named ``__main__`` and reports ``{"ready": true}``
+    (or ``{"load_error": ...}``).  Then it reads calls one at a time from the request channel
+    (``$VERISPEC_REQUEST_FD``: one JSON line ``{"args": [...], "kwargs": {...}}`` per call, values
+    encoded as below; ``{"end": true}`` or end of file to stop), calls ``ENTRY`` and reports
+    ``{"i": i, "out": v, "t": seconds}``, ``{"i": i, "digest": hex, "size": n, "t": seconds}``
+    (big outputs) or ``{"i": i, "raised": "TypeName: message", "t": seconds}``.  The grader sends
+    call ``i + 1`` only once result ``i`` has arrived, so no input is in the process before its
+    turn: nothing can be computed ahead, at import time or in the background, and the per-input
+    time limit keeps its meaning.
 ``record SOLUTION TEST ENTRY``
     HumanEval: run the dataset's ``check(candidate)`` from ``TEST`` against ``SOLUTION`` (the
     canonical solution) through a recording stub.  Reports each call the test makes
@@ -23,6 +27,16 @@ Modes:
     HumanEval: run ``check(candidate)`` once more, where ``candidate`` is a stub that answers
     each recorded call with the candidate's result from ``RESULTS`` (plain data from an
     ``outputs`` run; no candidate code is present).  Reports ``{"passed": bool, "error": ...}``.
+
+Reading a line (:func:`loads_line`, used by the grader on everything the child sends): before
+it is parsed, a line must be at most :data:`MAX_LINE_CHARS` long, hold at most
+:data:`MAX_CONTAINERS` arrays/objects and :data:`MAX_ITEMS` items outside its strings, nest at
+most :data:`MAX_DEPTH` deep (all counted on the text, in linear time) and no integer may have
+more than :data:`MAX_INT_DIGITS` digits; :func:`decode` refuses a set, frozenset or dict whose
+elements' hashes collide more than :data:`MAX_HASH_COLLISIONS` times (``k * (2**61 - 1)`` all
+hash to 0: building such a set is quadratic).  So parsing and decoding a line costs time and
+memory linear in a bounded length.  The child keeps to the same bounds: an output that would
+break one travels as a digest, like a big one.
 
 Codec: JSON where ``None``, ``bool``, ``int``, ``float`` (with ``NaN``/``Infinity``), ``str``
 and ``list`` are themselves, and every other carried type is a one-key object: ``{"tuple": [...]}``,
@@ -46,6 +60,7 @@ import io
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections import Counter, OrderedDict, defaultdict, deque
@@ -54,6 +69,14 @@ from collections import Counter, OrderedDict, defaultdict, deque
 _MAX_PLAIN_INT_BITS = 4000
 #: Outputs whose encoding is longer than this travel as a digest (see :func:`digest`).
 BIG_OUTPUT_CHARS = 4 << 20
+#: Bounds on one report line, checked on its text before it is parsed (:func:`loads_line`).
+MAX_LINE_CHARS = 8 << 20
+MAX_CONTAINERS = 1 << 16
+MAX_ITEMS = 1 << 18
+MAX_DEPTH = 100
+MAX_INT_DIGITS = 1300  # > the 1,205 digits of a 4,000-bit integer; longer ones travel as hex
+#: Most elements of one set / frozenset / dict allowed to share a hash value.
+MAX_HASH_COLLISIONS = 64
 
 
 class Opaque:
@@ -104,9 +127,36 @@ _DICTS = {dict: "dict", Counter: "Counter", OrderedDict: "OrderedDict", defaultd
 _DICT_TYPES = {v: k for k, v in _DICTS.items()}
 
 
+def safe_for_set(items: list) -> list:
+    """``items`` if they can go into one set or dict in linear time: hashable, and no hash value
+    shared by more than :data:`MAX_HASH_COLLISIONS` *unequal* items (equal hashes of unequal
+    values make every insertion compare with all the others: ``k * (2**61 - 1)`` all hash to 0).
+    Equal items may repeat freely (a list handed to ``set()`` may hold duplicates)."""
+    try:
+        hashes = [hash(x) for x in items]
+    except TypeError as e:
+        raise ValueError(f"unhashable set element or dict key: {e}") from None
+    if len(hashes) - len(set(hashes)) <= MAX_HASH_COLLISIONS:
+        return items  # hardly any hash value repeats
+    first: dict[int, object] = {}
+    others: dict[int, list] = {}  # unequal items sharing a hash value with ``first[h]``
+    for h, x in zip(hashes, items):
+        y = first.setdefault(h, x)
+        if x is y or x == y:
+            continue
+        same = others.setdefault(h, [y])
+        if not any(x is z or x == z for z in same):  # at most MAX_HASH_COLLISIONS comparisons
+            same.append(x)
+            if len(same) > MAX_HASH_COLLISIONS:
+                raise ValueError(f"more than {MAX_HASH_COLLISIONS} unequal set elements or dict keys share "
+                                 "one hash value")
+    return items
+
+
 def decode(e):
     """Inverse of :func:`encode` (an opaque value becomes a fresh :class:`Opaque`); raises
-    ``ValueError`` on anything :func:`encode` cannot have produced."""
+    ``ValueError`` on anything :func:`encode` cannot have produced, and on sets and dicts whose
+    hashes collide massively (see :func:`safe_for_set`)."""
     t = type(e)
     if e is None or t in (bool, int, float, str):
         return e
@@ -117,11 +167,12 @@ def decode(e):
         if tag == "tuple" and type(v) is list:
             return tuple(decode(i) for i in v)
         if tag == "set" and type(v) is list:
-            return {decode(i) for i in v}
+            return set(safe_for_set([decode(i) for i in v]))
         if tag == "frozenset" and type(v) is list:
-            return frozenset(decode(i) for i in v)
+            return frozenset(safe_for_set([decode(i) for i in v]))
         if tag in _DICT_TYPES and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
-            items = {decode(k): decode(val) for k, val in v}  # a dict keeps their order
+            keys = safe_for_set([decode(k) for k, _ in v])
+            items = dict(zip(keys, (decode(val) for _, val in v)))  # a dict keeps their order
             return defaultdict(None, items) if tag == "defaultdict" else _DICT_TYPES[tag](items)
         if tag == "deque" and type(v) is list:
             return deque(decode(i) for i in v)
@@ -139,6 +190,50 @@ def decode(e):
 
 def dumps(e) -> str:
     return json.dumps(e, separators=(",", ":"))
+
+
+_STRING_RE = re.compile(r'"[^"]*"')
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+
+
+def line_problem(text: str, margin: int = 0) -> str | None:
+    """Why the JSON line ``text`` must not be parsed (too long, too many arrays/objects or items,
+    nested too deep), or ``None``.  Linear in ``len(text)``; ``margin`` tightens every bound a
+    little (the child checks an output before wrapping it into its report line)."""
+    if len(text) > MAX_LINE_CHARS - 1024 * margin:
+        return f"line longer than {MAX_LINE_CHARS} characters"
+    # Strings out: escaped backslashes and quotes first, then every "..." (now free of quotes).
+    bare = _STRING_RE.sub("", text.replace("\\\\", "").replace('\\"', ""))
+    if bare.count("[") + bare.count("{") > MAX_CONTAINERS - 8 * margin:
+        return f"more than {MAX_CONTAINERS} arrays or objects"
+    if bare.count(",") > MAX_ITEMS - 8 * margin:
+        return f"more than {MAX_ITEMS} items"
+    brackets = _NOT_BRACKET_RE.sub("", bare)
+    for _ in range(MAX_DEPTH - 2 * margin):
+        if not brackets:
+            return None
+        shorter = brackets.replace("[]", "").replace("{}", "")
+        if len(shorter) == len(brackets):
+            return "unbalanced brackets"
+        brackets = shorter
+    return None if not brackets else f"nested deeper than {MAX_DEPTH - 2 * margin}"
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of more than {MAX_INT_DIGITS} digits")
+    return int(digits)
+
+
+def loads_line(text: str):
+    """Parse one report line within the bounds above; ``ValueError`` saying why otherwise."""
+    why = line_problem(text)
+    if why is not None:
+        raise ValueError(why)
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _chunks(x, depth: int = 0):
@@ -240,25 +335,36 @@ def _result(fn, args, kwargs) -> tuple[dict, float]:
         with _Quiet():
             out = fn(*args, **kwargs)
         sha, size = digest(out)
-        res = {"out": encode(out)} if size <= BIG_OUTPUT_CHARS else {"digest": sha, "size": size}
+        res = {"digest": sha, "size": size}
+        if size <= BIG_OUTPUT_CHARS:
+            enc = encode(out)
+            if line_problem(dumps(enc), margin=1) is None:  # else the grader would refuse the line
+                res = {"out": enc}
     except BaseException as e:  # noqa: BLE001 - whatever the solution raises is its result
         res = {"raised": _err(e)}
     return res, time.perf_counter() - t0
 
 
-def mode_outputs(report, solution: str, calls_path: str) -> None:
-    with open(calls_path, encoding="utf-8") as f:
-        spec = json.load(f)
-    calls = [(decode(c["args"]), decode(c["kwargs"])) for c in spec["calls"]]
+def mode_outputs(report, solution: str, entry: str) -> None:
+    requests = open(int(os.environ["VERISPEC_REQUEST_FD"]), "rb", closefd=False)  # noqa: SIM115
+    report(started=True)
     try:
-        fn = _load(solution)[spec["entry"]]
+        fn = _load(solution)[entry]
     except BaseException as e:  # noqa: BLE001
         report(load_error=_err(e))
         return
     report(ready=True)
-    for i, (args, kwargs) in enumerate(calls):
-        res, dt = _result(fn, args, kwargs)
+    i = 0
+    while True:
+        line = requests.readline()
+        if not line.strip():
+            return
+        call = json.loads(line)
+        if call.get("end"):
+            return
+        res, dt = _result(fn, decode(call["args"]), decode(call["kwargs"]))
         report(i=i, t=dt, **res)
+        i += 1
 
 
 def mode_record(report, solution: str, test: str, entry: str) -> None:

