@@ -271,7 +271,7 @@ def test_frontier_writes_no_text_on_the_axes_and_names_every_run_in_the_legend(r
 
     res, _, d = report
     saved = []
-    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append(self))
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: (saved.append(self), Path(path).write_bytes(b"")))
     rows = res.table_rows
     plot_frontier(rows, order_datasets(rows), d / "unused.png")
     (fig,) = saved
@@ -399,16 +399,19 @@ def test_missing_store(tmp_path):
         build_report(tmp_path / "empty", tmp_path / "out")
 
 
-def test_a_version_1_store_is_reported_after_migration(tmp_path):
+def test_a_version_1_store_is_reported_from_a_migrated_copy_and_left_as_it_is(tmp_path):
+    """The report only reads: a version-1 store is migrated in memory, the file is not touched."""
     from tests.test_bench_store import _write_v1_store
 
     v1 = _write_v1_store(tmp_path / "results.sqlite")
+    before = (tmp_path / "results.sqlite").read_bytes()
     res = build_report(tmp_path, tmp_path / "out")
     meth = _row(res.table_rows, "gsm8k", "cascade:0.5")
     assert meth.run_id == v1["meth"].run_id != v1["m_old"]
     assert meth.baseline_run_id == v1["base"].run_id and meth.vs_baseline.n01 == 1
     # the stop reason that version 1 kept in meta is read from the migrated stats
     assert meth.truncation == Truncation(1, 1, 1.0, 0, None, True) and meth.cost_model_speedup == 2.5
-    assert (tmp_path / "results.sqlite.v1.bak").exists()
+    assert (tmp_path / "results.sqlite").read_bytes() == before
+    assert not (tmp_path / "results.sqlite.v1.bak").exists()
     md = res.markdown_path.read_text()
     assert "### Per-token distortion" not in md and "no recorded positions" not in md  # no lossless run here

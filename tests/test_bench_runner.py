@@ -252,7 +252,7 @@ def test_flags_given_override_the_sweep_file_even_at_their_default(tmp_path):
 
 LAYERS = {  # module prefix -> layer (lower never imports higher)
     "verispec.checks": 0, "verispec.runtime": 0, "verispec.params": 0, "verispec.settings": 0,
-    "verispec.cluster": 0,
+    "verispec.cluster": 0, "verispec.outputs": 0,
     "verispec.sets": 1, "verispec.topk": 1, "verispec.sampling": 2,
     # the problems and their checking (stdlib only): usable by diagnose as well as bench
     "verispec.bench.datasets": 1, "verispec.bench.prompts": 1, "verispec.bench.checkers": 1,

@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from verispec import __version__, flags
 from verispec.runtime import tune_process
+from verispec.settings import check_token_budget
 
 
 def cmd_demo(args) -> int:
     from verispec.demo import demo_table
 
-    print(demo_table(args.rules.split(";") if args.rules else None))
+    specs = None
+    if args.rules is not None:
+        specs = [x.strip() for x in args.rules.split(";") if x.strip()]
+        if not specs:
+            raise ValueError(f"--rules {args.rules!r} names no rule: give ';'-separated rule specs (e.g. "
+                             "'lossless;lenience:ell=0.5'; `verispec rules` lists them), or drop --rules for the "
+                             "default table")
+    print(demo_table(specs))
     return 0
 
 
@@ -86,10 +95,9 @@ def cmd_generate(args) -> int:
     from verispec.models import load_pair
     from verispec.sampling import SamplingConfig
 
+    check_generate_flags(args)
     sampling = SamplingConfig.parse(args.sampling)
     rule = R.get(args.rule)
-    if args.gamma != "auto" and args.gamma < 1:
-        raise ValueError(f"--gamma must be >= 1 or auto, got {args.gamma}")
     if args.tree is not None and args.gamma == "auto":
         raise ValueError("--gamma auto chooses the length of a chain; drop it or drop --tree")
     if args.gamma == "auto" and args.no_cost_model:
@@ -143,6 +151,30 @@ def cmd_generate(args) -> int:
     return 0
 
 
+#: generate flags that only speculative decoding reads: with --baseline they would be ignored
+_SD_ONLY = {"lookup": "--lookup", "tree": "--tree", "draft_head": "--draft-head", "gamma": "--gamma",
+            "draft_stop": "--draft-stop", "draft": "--draft", "no_cost_model": "--no-cost-model"}
+
+
+def check_generate_flags(args) -> None:
+    """Refuse what ``generate`` would otherwise ignore or trip over later: SD flags with ``--baseline``,
+    γ out of range, a tree with ``--gamma auto``."""
+    given = flags.explicit(args)
+    if args.baseline:
+        ignored = [flag for dest, flag in _SD_ONLY.items() if dest in given]
+        if ignored:
+            many = len(ignored) > 1
+            raise ValueError(f"--baseline decodes the target alone; {', '.join(ignored)} only "
+                             f"appl{'y' if many else 'ies'} to speculative decoding and would be ignored: drop "
+                             f"{'them' if many else 'it'} or --baseline")
+    if args.gamma != "auto" and args.gamma < 1:
+        raise ValueError(f"--gamma must be >= 1 or auto, got {args.gamma}")
+    check_token_budget(args, args.max_new_tokens)
+    if args.draft_head and args.lookup:
+        raise ValueError("--draft-head drafts with an EAGLE-3 head; --lookup drafts with prompt lookup beside a draft "
+                         "model: drop one")
+
+
 def cmd_calibrate(args) -> int:
     from verispec.engine import best_gamma, cached_profile
     from verispec.engine.costs import DEFAULT_G_MAX
@@ -188,14 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rules)
 
     p = sub.add_parser("generate", help="generate text with speculative decoding (or --baseline target-only)")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--system", default=None, help="system message for the chat template")
+    flags.track_explicit(p)   # --baseline refuses the SD flags given with it
+    p.add_argument("--prompt", required=True, type=flags.utf8_text("--prompt"))
+    p.add_argument("--system", default=None, type=flags.utf8_text("--system"),
+                   help="system message for the chat template")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--rule", default="lossless", help="verification rule spec (see `verispec rules`)")
     p.add_argument("--baseline", action="store_true",
                    help="target-only decoding with the same sampling plus the rule's true-baseline truncation; "
                    "no draft loaded")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], type=flags.utf8_text("--stop"),
+                   help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON record")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip measuring per-call costs for the cost-model speedup")
@@ -211,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("calibrate", help="measure this machine's call costs for a model pair (cached; used by "
                        "--gamma auto and the cost-model speedup)")
-    p.add_argument("--g-max", type=int, default=None, help="longest draft measured (default 8)")
+    p.add_argument("--g-max", type=flags.positive_int("--g-max"), default=None,
+                   help="longest draft measured (default 8)")
     flags.add_model_flags(p)
     p.set_defaults(func=cmd_calibrate)
 
@@ -228,16 +264,54 @@ def _add_bench_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; bad input and failures the user can fix end in one ``verispec: error:`` line and
+    exit status 2 (1 for a failure at run time), never a traceback (``VERISPEC_DEBUG=1`` shows it)."""
     tune_process()  # before anything imports torch
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"verispec: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("verispec: interrupted", file=sys.stderr)
+        print("verispec: interrupted (a bench keeps every stored sample: the same command resumes it)", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if os.environ.get("VERISPEC_DEBUG"):
+            raise
+        code, text = error_text(exc)
+        if text is None:
+            raise
+        print(f"verispec: error: {text}", file=sys.stderr)
+        return code
+
+
+#: optional dependency -> the verispec extra that installs it
+_EXTRAS = {"transformers": "hf", "accelerate": "hf", "gguf": "hf", "llama_cpp": "llama", "ray": "ray",
+           "matplotlib": "bench", "yaml": "bench", "scipy": "bench"}
+
+
+def error_text(exc: BaseException) -> tuple[int, str | None]:
+    """``(exit status, one line)`` for an error the user can act on; ``(1, None)`` for a bug (re-raised)."""
+    import sqlite3
+
+    from verispec.outputs import os_error_text
+
+    if isinstance(exc, UnicodeError):
+        return 2, f"text that is not valid UTF-8: {exc}; pass UTF-8 text"
+    if isinstance(exc, (ValueError, FileNotFoundError, argparse.ArgumentTypeError)):
+        return 2, str(exc)
+    if isinstance(exc, ImportError):
+        extra = _EXTRAS.get((getattr(exc, "name", None) or "").split(".")[0])
+        return 2, str(exc) + (f": pip install 'verispec[{extra}]'" if extra and "pip install" not in str(exc) else "")
+    if isinstance(exc, OSError):
+        return 2, os_error_text(exc, "use")
+    if isinstance(exc, sqlite3.Error):
+        return 2, f"SQLite: {exc}"
+    if isinstance(exc, NotImplementedError):
+        return 2, str(exc) or "not supported"
+    if isinstance(exc, MemoryError):
+        return 1, "out of memory: use smaller models, a smaller --n-ctx or --batch-size"
+    if isinstance(exc, RuntimeError) and str(exc):
+        return 1, f"{exc} (VERISPEC_DEBUG=1 shows the traceback)"
+    return 1, None
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ Ray is optional (``pip install 'verispec[ray]'``) and imported only when a pool 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,11 @@ MAX_ATTEMPTS = 3
 MAX_REPLACEMENTS_PER_WORKER = 2
 #: Seconds without any worker ready after which the driver says what it is waiting for.
 PLACEMENT_WARNING_S = 60.0
+#: Seconds a connection to ``--ray-address`` may take before the command gives up (Ray's own client
+#: retries for ever against an address where no cluster answers).
+RAY_CONNECT_TIMEOUT_S = 30.0
+#: Seconds the address probe waits for a TCP connection and for the cluster's first gRPC frame.
+RAY_PROBE_TIMEOUT_S = 5.0
 #: OpenMP settings of the driver that the workers get too (see :mod:`verispec.runtime`).
 _OPENMP_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 
@@ -52,6 +59,87 @@ _OPENMP_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 class WorkerStartError(ValueError):
     """A worker could not build its unit runner (e.g. load its models): a setting to fix, not a crash to
     retry. A ``ValueError`` so that the command line reports it as a plain error."""
+
+
+class RayConnectError(ValueError):
+    """No Ray cluster could be joined at the address given (a ``ValueError``: the CLI prints it, exit 2)."""
+
+
+_JOIN_HINT = "start one with `ray start --head` and pass the address it prints (host:port), or drop --ray-address"
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+
+
+def check_ray_address(address: str, timeout_s: float | None = None) -> None:
+    """Refuse, within about ``2 x timeout_s``, an address where no Ray cluster answers: it must be
+    ``host:port`` (or ``auto``, left to Ray), take a TCP connection, and answer the HTTP/2 handshake
+    every gRPC server (Ray's GCS) answers with its SETTINGS frame."""
+    timeout = RAY_PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    text = address.strip()
+    if text.lower() == "auto":
+        return
+    bare = text.removeprefix("ray://")
+    host, sep, port_text = bare.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise RayConnectError(f"--ray-address {address!r} is not host:port (e.g. 10.0.0.5:6379) or auto; "
+                              + _JOIN_HINT)
+    try:
+        sock = socket.create_connection((host, int(port_text)), timeout=timeout)
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise RayConnectError(f"no Ray cluster at {text}: {why} (after at most {timeout:g} s); {_JOIN_HINT}") from None
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(_HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        head = b""
+    finally:
+        sock.close()
+    if len(head) < 9 or head[3] != 0x04:
+        raise RayConnectError(f"{text} accepts connections but does not answer as a Ray cluster (no gRPC handshake "
+                              f"within {timeout:g} s: another service on that port?); {_JOIN_HINT}")
+
+
+def join_ray(ray, address: str, timeout_s: float | None = None) -> None:
+    """``ray.init(address=...)`` that gives up after ``timeout_s`` (default :data:`RAY_CONNECT_TIMEOUT_S`)
+    with a :class:`RayConnectError` naming the address, instead of Ray's endless retries. The address is
+    probed first (:func:`check_ray_address`), so a wrong one fails in seconds."""
+    limit = RAY_CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
+    check_ray_address(address)
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level="WARNING")
+            outcome.append(None)
+        except BaseException as exc:   # handed to the caller's thread
+            outcome.append(exc)
+
+    quiet = logging.getLogger("ray._private.worker")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)      # "SIGTERM handler is not set ... not the main thread"
+    try:
+        worker = threading.Thread(target=connect, name="verispec-ray-connect", daemon=True)
+        worker.start()
+        worker.join(limit)
+    finally:
+        quiet.setLevel(level)
+    if not outcome:
+        raise RayConnectError(f"could not join the Ray cluster at {address} within {limit:g} s (it answers, but Ray's "
+                              "client did not connect: a firewall on its other ports, or another Ray version?); "
+                              + _JOIN_HINT)
+    if outcome[0] is not None:
+        exc = outcome[0]
+        if isinstance(exc, (ConnectionError, RuntimeError, ValueError, TimeoutError)):
+            raise RayConnectError(f"could not join the Ray cluster at {address}: {_first_line(exc)}; {_JOIN_HINT}") \
+                from None
+        raise exc
 
 
 def import_ray():
@@ -116,7 +204,7 @@ class WorkerPool:
         c = self.cluster
         if not ray.is_initialized():
             if c.ray_address:
-                ray.init(address=c.ray_address, logging_level="WARNING")
+                join_ray(ray, c.ray_address)
             else:
                 cpus = os.cpu_count() or 1
                 threads = c.threads_per_worker or self.n_threads or max(1, cpus // c.workers)

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Iterable
 
 from verispec.bench.checkers import CHECKERS
-from verispec.settings import ClusterSettings, ModelSettings
+from verispec.settings import MAX_GAMMA, ClusterSettings, ModelSettings
 
 _EXPLICIT = "_explicit_flags"
 
@@ -63,25 +63,64 @@ def add_model_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lookup", action="store_true", default=d.lookup,
                     help="prompt-lookup drafting beside the draft model: draft the n-gram continuation when the "
                     "text's suffix occurred before, the draft model otherwise (chains)")
-    ap.add_argument("--n-threads", type=int, default=d.n_threads, help="llama.cpp threads (default: all cores)")
-    ap.add_argument("--n-ctx", type=int, default=d.n_ctx, help="context length for llama.cpp models")
+    ap.add_argument("--n-threads", type=positive_int("--n-threads"), default=d.n_threads,
+                    help="llama.cpp threads (default: all cores)")
+    ap.add_argument("--n-ctx", type=positive_int("--n-ctx"), default=d.n_ctx,
+                    help="context length for llama.cpp models")
     ap.add_argument("--device", default=d.device, help="device for transformers models (cpu, cuda, ...)")
     ap.add_argument("--dtype", default=d.dtype,
                     help="dtype for transformers models (float32, bfloat16, float16, float64)")
 
 
 def gamma_value(text: str, allow_auto: bool) -> int | str:
-    """``--gamma``: an integer >= 1, or ``auto`` where the command allows it."""
+    """``--gamma``: an integer in ``1..MAX_GAMMA``, or ``auto`` where the command allows it."""
     if text.strip().lower() == "auto":
         if allow_auto:
             return "auto"
         raise argparse.ArgumentTypeError("'auto' is available in `verispec generate` and `verispec bench`; "
                                          "this command needs a fixed γ")
     try:
-        return int(text)  # the range is checked by the command, with its own message
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"γ must be an integer >= 1{' or auto' if allow_auto else ''}, "
                                          f"got {text!r}") from None
+    if value > MAX_GAMMA:   # below 1: checked by the command, with its own message
+        raise argparse.ArgumentTypeError(f"γ = {value} drafts far more than any target accepts in one call: give at "
+                                         f"most {MAX_GAMMA} (3-8 is usual on CPUs){' or auto' if allow_auto else ''}")
+    return value
+
+
+def positive_int(what: str):
+    """An argparse type: an integer >= 1 (``what`` names it in the error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer >= 1, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer >= 1, got {value}")
+        return value
+    return parse
+
+
+def utf8_text(what: str):
+    """An argparse type: text that is valid UTF-8 (bytes that were not UTF-8 arrive as lone surrogates)."""
+    def parse(text: str) -> str:
+        check_utf8(text, what)
+        return text
+    return parse
+
+
+def check_utf8(text: str, what: str) -> str:
+    """Refuse text holding bytes that were not UTF-8 (Python keeps them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"{bad!r}"
+        raise argparse.ArgumentTypeError(f"{what} is not valid UTF-8 text ({byte} at character {e.start + 1}); "
+                                         "pass UTF-8 text (check the terminal's or the file's encoding)") from None
+    return text
 
 
 def add_decoding_flags(ap: argparse.ArgumentParser, *, allow_auto_gamma: bool = False) -> None:
@@ -96,7 +135,7 @@ def add_decoding_flags(ap: argparse.ArgumentParser, *, allow_auto_gamma: bool = 
                     help="draft a tree instead of a chain of γ tokens: 4,2,2,1 (top-k candidates per depth), "
                     "iid:4,2 or wor:4,2 (sampled children), dynamic:top_k=10,depth=5,nodes=60 (EAGLE-2); "
                     "bench: several separated by ';', chain:5 for the chain of γ 5")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=256)
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -124,17 +163,21 @@ def add_cluster_flags(ap) -> None:
     (:class:`~verispec.settings.ClusterSettings`; no result depends on them)."""
     g = ap.add_argument_group("Ray workers", "generate the work on Ray workers, each holding one model pair; "
                               "the store, the resumption and the results are those of a run in this process")
-    g.add_argument("--workers", type=int, default=None,
+    g.add_argument("--workers", type=positive_int("--workers"), default=None,
                    help="start a local Ray cluster with N workers (with --ray-address: N workers on that cluster; "
                    "default there: as many as its CPUs / GPUs hold)")
     g.add_argument("--ray-address", default=None,
                    help="join a running Ray cluster (`ray start --head` prints it; auto: this machine's cluster)")
-    g.add_argument("--threads-per-worker", type=int, default=None,
+    g.add_argument("--threads-per-worker", type=positive_int("--threads-per-worker"), default=None,
                    help="CPU threads of each worker: its llama.cpp n_threads and torch threads, and the CPUs Ray "
                    "reserves for it (default: --n-threads, else the CPUs divided among --workers, else 1)")
-    g.add_argument("--batch-size", type=int, default=None,
+    g.add_argument("--batch-size", type=positive_int("--batch-size"), default=None,
                    help="decode N samples of a run together in this process (continuous batching on batched "
                    "backends; chains only: no --tree, --lookup or --gamma auto)")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="with --batch-size: compute each row alone (one model call per row), so every output is "
+                   "bitwise that of --batch-size 1 whatever the batch; costs the batching speed-up "
+                   "(docs/reproducibility.md)")
     g.add_argument("--gpus-per-worker", type=float, default=0.0,
                    help="GPUs Ray reserves for each worker (fractions share a GPU); the worker sees only those")
 
@@ -142,6 +185,7 @@ def add_cluster_flags(ap) -> None:
 def cluster_from_args(args) -> ClusterSettings:
     cluster = ClusterSettings(workers=args.workers, ray_address=args.ray_address,
                               threads_per_worker=args.threads_per_worker, gpus_per_worker=args.gpus_per_worker,
-                              batch_size=getattr(args, "batch_size", None))
+                              batch_size=getattr(args, "batch_size", None),
+                              batch_invariant=bool(getattr(args, "batch_invariant", False)))
     cluster.validate()
     return cluster

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: The longest draft (γ) a command accepts: far beyond any useful length (3-8 on CPU), and the cost
+#: model measures every length up to it.
+MAX_GAMMA = 64
+
 
 @dataclass
 class ModelSettings:
@@ -23,6 +27,16 @@ class ModelSettings:
     device: str = "cpu"
     dtype: str | None = None
     lookup: bool = False      # prompt lookup beside the draft model (draft "ngram": lookup alone)
+
+
+def check_token_budget(models: ModelSettings, max_new_tokens: int) -> None:
+    """Refuse ``max_new_tokens`` that cannot fit in a llama.cpp context of ``n_ctx`` tokens (the prompt
+    needs room too); transformers models have their own context length, checked when a prompt comes."""
+    target = (models.target or "").strip().lower()
+    if target in ("", "embedded", "default") or target.endswith(".gguf"):
+        if max_new_tokens >= models.n_ctx:
+            raise ValueError(f"max_new_tokens={max_new_tokens} cannot fit in the {models.n_ctx}-token context "
+                             "(--n-ctx), which also holds the prompt: raise --n-ctx or lower --max-new-tokens")
 
 
 @dataclass
@@ -49,13 +63,15 @@ class ClusterSettings:
     Ray cluster or, with ``ray_address`` (``auto`` or ``host:port``), on a running one. ``batch_size``:
     in this process, decode the samples of a run ``batch_size`` rows at a time (continuous batching on
     batched backends; the law of every sample is unchanged, its exact tokens may differ by the float
-    round-off of batched model calls)."""
+    round-off of batched model calls); ``batch_invariant``: each row computed alone (one model call per
+    row), so its tokens are those of batch size 1 whatever the batch (``docs/reproducibility.md``)."""
 
     workers: int | None = None          # None: in-process, or with ray_address as many as the cluster holds
     ray_address: str | None = None
     threads_per_worker: int | None = None   # None: the CPUs divided among the workers
     gpus_per_worker: float = 0.0
     batch_size: int | None = None           # None: one sequence at a time
+    batch_invariant: bool = False           # batched rows computed one model call per row
 
     @property
     def distributed(self) -> bool:
@@ -72,6 +88,9 @@ class ClusterSettings:
             raise ValueError("threads/GPUs per worker apply to Ray workers: give --workers N or --ray-address")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_invariant and self.batch_size is None:
+            raise ValueError("--batch-invariant applies to --batch-size N (one sequence at a time is already "
+                             "invariant): give --batch-size or drop --batch-invariant")
         if self.batch_size is not None and self.distributed:
             raise ValueError("--batch-size decodes batches in this process; it does not combine with Ray workers "
                              "(drop --workers / --ray-address, or --batch-size)")

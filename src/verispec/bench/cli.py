@@ -35,7 +35,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-lossless-ref", action="store_true", help="do not run lossless SD as the speed reference")
     p.add_argument("--no-target-only", action="store_true", help="do not run plain target-only sampling")
     p.add_argument("--check-timeout", type=float, default=10.0, help="seconds per answer check / test execution")
-    p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="make every check the run makes (datasets loaded, model files, output folder, Ray address) "
+                   "and print the planned runs; nothing is decoded or written")
     p.add_argument("--no-progress", action="store_true")
     flags.add_model_flags(p)
     flags.add_decoding_flags(p, allow_auto_gamma=True)
@@ -77,6 +79,9 @@ def config_from_args(args) -> runner.BenchConfig:
         cfg.datasets = flags.dataset_list(args.dataset)
     if args.rules is not None:
         cfg.rules = split_specs(args.rules)
+        if not cfg.rules:
+            raise ValueError(f"--rules {args.rules!r} names no rule: give rule specs, comma-separated "
+                             "(`verispec rules` lists them), or drop --rules for the default set")
     if args.sampling is not None:
         cfg.samplings = [s.strip() for s in args.sampling.split(";")]
     if args.gamma is not None:
@@ -112,9 +117,13 @@ def accuracy_gaps(bench_dir: str) -> dict[str, float]:
 
 def cmd_bench(args) -> int:
     cfg, cluster = config_from_args(args), flags.cluster_from_args(args)
-    if args.dry_run:
-        plan = runner.plan_runs(cfg, runner.model_label(cfg.draft, "draft"), runner.model_label(cfg.target, "target"))
+    if args.dry_run:   # everything the run checks before it decodes: the dry run refuses what the run refuses
+        bench = runner.Bench(cfg, progress=False, cluster=cluster, log=lambda m: print(m, file=sys.stderr))
+        plan = bench.plan(check_models=True)
         print(runner.describe_plan(plan))
+        n = sum(len(p) for p in bench.problems.values())
+        print(f"(dry run: {len(plan)} runs over {n} problems x {cfg.n_samples} samples; nothing decoded or written)",
+              file=sys.stderr)
         return 0
     out, report = runner.run_bench(cfg, progress=not args.no_progress, cluster=cluster)
     if report is not None:
@@ -124,13 +133,28 @@ def cmd_bench(args) -> int:
 
 
 def cmd_report(args) -> int:
+    import tempfile
+
     from verispec.bench.report import build_report
+    from verispec.outputs import OutputError, check_out_dir
 
     src = Path(args.dir)
     if not src.exists():
         raise FileNotFoundError(f"no bench results at {src}")
-    out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
-    report = build_report(src, out)
+    if args.out:
+        report = build_report(src, check_out_dir(args.out))
+    else:
+        out = src if src.is_dir() else src.parent
+        try:
+            check_out_dir(out)
+        except OutputError:     # a read-only bench folder is still readable: print the report, save nothing
+            with tempfile.TemporaryDirectory(prefix="verispec-report-") as tmp:
+                report = build_report(src, tmp)
+                print(Path(report.markdown_path).read_text())
+            print(f"({out} is not writable: the report was printed, not saved; pass --out DIR to save it with "
+                  "its plots)", file=sys.stderr)
+            return 0
+        report = build_report(src, out)
     print(Path(report.markdown_path).read_text())
     print(f"report: {report.markdown_path}; plots: {', '.join(str(p) for p in report.plot_paths)}", file=sys.stderr)
     return 0
@@ -143,6 +167,10 @@ def cmd_regrade(args) -> int:
     src = Path(args.dir)
     if not src.exists():
         raise FileNotFoundError(f"no bench results at {src}")
+    if args.write:   # before the (long) re-check: a store that cannot be written is refused now
+        from verispec.outputs import check_out_dir
+
+        check_out_dir(src if src.is_dir() else src.parent, flag="regrade --write: the bench folder")
     summary = regrade(src, write=args.write, data_dir=args.data_dir)
     print(summary.format())
     if args.write:

@@ -76,49 +76,78 @@ class _BadRow(Exception):
 # ------------------------------------------------------------------------------------------
 # Reading files
 # ------------------------------------------------------------------------------------------
-def _open_text(path: Path):
+def _open_bytes(path: Path):
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _not_utf8(raw: bytes, exc: UnicodeDecodeError) -> _BadRow:
+    return _BadRow(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} (save the file as UTF-8)")
 
 
 def _iter_records(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, record)``; a record that does not parse is a ``_BadRow`` instance.
+    """Yield ``(line_number, record)``; a record that does not parse (bad JSON, bytes that are not
+    UTF-8) is a ``_BadRow`` instance.
 
     JSON arrays yield ``(element_index_1based, element)``; a file holding one JSON object yields it
-    as line 1; anything else is read as JSON lines (blank lines skipped).
+    as line 1; anything else is read as JSON lines (blank lines skipped), each line decoded on its own,
+    so one line of bad bytes is one bad row.
     """
-    with _open_text(path) as f:
-        head = ""
-        while True:
-            ch = f.read(1)
-            if not ch or not ch.isspace():
-                head = ch
-                break
-        f.seek(0)
-        if head == "[":
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                yield e.lineno, _BadRow(f"invalid JSON array: {e.msg} (line {e.lineno}, column {e.colno})")
+    lineno = 0
+    with _open_bytes(path) as f:
+        try:
+            head = b""
+            bom = f.read(3) == b"\xef\xbb\xbf"     # a UTF-8 byte-order mark (Windows editors) is not data
+            f.seek(3 if bom else 0)
+            while True:
+                ch = f.read(1)
+                if not ch or not ch.isspace():
+                    head = ch
+                    break
+            f.seek(3 if bom else 0)
+            if head == b"[":
+                yield from _json_array(f.read())
                 return
-            yield from enumerate(data, 1)
-            return
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                # A pretty-printed single JSON object is not JSON lines: try the whole file.
-                if lineno == 1 and line.strip() == "{":
-                    f.seek(0)
-                    try:
-                        yield 1, json.load(f)
-                        return
-                    except json.JSONDecodeError:
-                        pass
-                yield lineno, _BadRow(f"invalid JSON: {e.msg} (column {e.colno})")
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield lineno, _not_utf8(raw, e)
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    # A pretty-printed single JSON object is not JSON lines: try the whole file.
+                    if lineno == 1 and line.strip() == "{":
+                        f.seek(3 if bom else 0)
+                        try:
+                            yield 1, json.loads(f.read().decode("utf-8"))
+                            return
+                        except (json.JSONDecodeError, UnicodeDecodeError):
+                            pass
+                    yield lineno, _BadRow(f"invalid JSON: {e.msg} (column {e.colno})")
+        except (OSError, EOFError) as e:      # e.g. a damaged .gz
+            yield lineno + 1, _BadRow(f"cannot read the rest of the file: {e}")
+
+
+def _json_array(data: bytes) -> Iterator[tuple[int, Any]]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1)
+        yield line, _BadRow(f"not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {col + 1} "
+                            "(save the file as UTF-8)")
+        return
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        yield e.lineno, _BadRow(f"invalid JSON array: {e.msg} (line {e.lineno}, column {e.colno})")
+        return
+    yield from enumerate(rows, 1)
 
 
 def _req(row: dict, key: str, types: type | tuple[type, ...], *, nonempty: bool = True) -> Any:
@@ -695,6 +724,9 @@ def load_dataset(
         )
 
     spec = _REGISTRY[canonical]
+    if data_dir is not None and not ddir.is_dir():    # given, not defaulted: no fallback hides the typo
+        raise FileNotFoundError(f"--data-dir {ddir} is not a folder: pass the folder holding the offline datasets "
+                                f"({canonical}/... in the shared/data layout), or leave --data-dir out")
     if few_shot and canonical != "gsm8k":
         raise ValueError(f"few_shot is only supported for gsm8k, not {canonical}")
     shots = _few_shot_examples(few_shot, ddir)

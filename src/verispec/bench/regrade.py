@@ -9,8 +9,9 @@ stop reason, as the bench does -- and counts, per run, the verdicts that changed
 ``check_detail`` in ``meta``, keeping the verdict it replaced under ``meta["previous_verdict"]``,
 all in one transaction.
 
-The store is opened with :class:`~verispec.bench.store.ResultStore`, so a store of an older schema
-is first migrated in place (the store keeps a backup of the old file); even a dry run does that.
+A dry run (``write=False``) only reads the store (:class:`~verispec.bench.store.ResultStore` with
+``readonly=True``: a store on a read-only mount is read, an older schema is migrated in memory); with
+``write=True`` an older schema is first migrated in place (the store keeps a backup of the old file).
 Problems are looked up by id among *all* rows of the dataset (a bench run with ``--limit`` /
 ``--offset`` stores only some of them).  A sample whose problem cannot be found any more is
 counted as ``missing`` and left untouched.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from verispec.bench.checkers import check
 from verispec.bench.datasets import Problem, load_dataset
-from verispec.bench.store import DEFAULT_DB_NAME, ResultStore
+from verispec.bench.store import DEFAULT_DB_NAME, ResultStore, StoreError, write_error
 
 __all__ = ["regrade", "RegradeSummary", "RunRegrade", "Change"]
 
@@ -111,6 +112,9 @@ def _store_path(store_dir: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no result store at {path}: pass the --out directory of a bench (it holds "
                                 f"{DEFAULT_DB_NAME}) or the .sqlite file itself")
+    if path.stat().st_size == 0:
+        raise StoreError(f"{path} is empty (0 bytes), not a result store; it is left as it is: point at the bench's "
+                         "own folder or delete the file")
     return path
 
 
@@ -158,7 +162,7 @@ def regrade(store_dir: str | Path, *, write: bool = False, data_dir: str | Path 
     cache: dict[str, dict[str, Problem]] = {}
     results: list[RunRegrade] = []
     updates: list[tuple] = []
-    with ResultStore(path) as store:  # (migrates an older schema in place first)
+    with ResultStore(path, readonly=not write) as store:  # (writing: migrates an older schema in place first)
         for key, _pair in store.runs():
             run = RunRegrade(run_id=key.run_id, dataset=key.dataset, rule=key.rule, role=key.role)
             results.append(run)
@@ -203,17 +207,22 @@ def regrade(store_dir: str | Path, *, write: bool = False, data_dir: str | Path 
 
 
 def _write(path: Path, updates: list[tuple]) -> None:
-    # The store's API is append-only; the verdict columns are updated here, all in one transaction.
-    conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None)
+    # The store's API is append-only; the verdict columns are updated here, all in one transaction
+    # (a failure -- full disk, read-only file -- leaves every stored verdict as it was).
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None)
         try:
-            conn.executemany(
-                "UPDATE samples SET correct = ?, extracted = ?, meta = ? "
-                "WHERE run_id = ? AND problem_id = ? AND sample_idx = ?", updates)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.close()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(
+                    "UPDATE samples SET correct = ?, extracted = ?, meta = ? "
+                    "WHERE run_id = ? AND problem_id = ? AND sample_idx = ?", updates)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as exc:
+        raise write_error(path, exc) from None

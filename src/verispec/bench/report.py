@@ -39,6 +39,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verispec.outputs import ensure_out_dir, write_text_atomic
+
 from .distortion import RECORDED_RULE, plot_figure2
 from .report_plots import plot_frontier, plot_gap
 from .rows import (
@@ -125,7 +127,7 @@ def _esc(s) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-_TEXT_COLS = {"dataset", "rule", "sampling", "γ", "role", "draft", "target", "true baseline"}
+_TEXT_COLS = {"dataset", "rule", "sampling", "γ", "role", "draft", "target", "true baseline", "decoding"}
 
 
 def _table(cols: list[tuple[str, callable]], rows: list) -> str:
@@ -157,6 +159,8 @@ def format_table(rows: list[RunRow], conf: float = 0.95) -> str:
         ("γ", lambda r: r.gamma_label),
         ("role", lambda r: _ROLE_LABEL.get(r.role, _esc(r.role))),
     ]
+    if any(r.decoding for r in rows):
+        cols.append(("decoding", lambda r: _esc("; ".join(r.decoding) or "not recorded")))
     if any(r.tree for r in rows):
         cols.insert(-1, ("tree", lambda r: _esc(r.tree or "chain")))
     for name, attr in (("draft", "draft"), ("target", "target"), ("max new", "max_new_tokens"), ("seed", "seed")):
@@ -293,13 +297,47 @@ def _warnings(rows: list[RunRow]) -> list[str]:
     return out
 
 
+_RELATIONS = (("baseline_run_id", "its true baseline"), ("lossless_ref_run_id", "its lossless reference"),
+              ("target_only_run_id", "plain target sampling"))
+
+
+def _numerics_text(keys) -> str:
+    return " and ".join(f"{backend}, {how}" for backend, how in keys)
+
+
+def decoding_warnings(rows: list[RunRow]) -> list[str]:
+    """One line per run that mixes several ways of decoding, and per comparison of two runs decoded
+    differently (:func:`~.rows.numerics_key`: backend, one at a time / rows alone / batch size): their
+    outputs can then differ by the round-off of batched model calls, not by the rule."""
+    by_id = {r.run_id: r for r in rows}
+    out = []
+    for r in rows:
+        name = r.rule if r.role == "method" else f"{r.rule} ({r.role.replace('_', '-')})"
+        if len(r.numerics) > 1:
+            out.append(f"- ⚠ **{_esc(name)}** ({_esc(r.dataset)}) mixes samples decoded as "
+                       f"{_esc(_numerics_text(r.numerics))} (a bench resumed with another --batch-size or "
+                       "backend): its samples do not share one arithmetic.")
+        for attr, what in _RELATIONS:
+            ref = by_id.get(getattr(r, attr) or "")
+            if ref is None or not r.numerics or not ref.numerics or set(r.numerics) == set(ref.numerics):
+                continue
+            if attr == "target_only_run_id" and ref.run_id == r.baseline_run_id:
+                continue
+            out.append(f"- ⚠ **{_esc(name)}** ({_esc(r.dataset)}) was decoded as {_esc(_numerics_text(r.numerics))}, "
+                       f"{what} as {_esc(_numerics_text(ref.numerics))}: batched model calls round differently, so "
+                       "outputs can differ where the top tokens nearly tie, whatever the rule. Rerun both with the "
+                       "same --batch-size, or with --batch-invariant (llama.cpp, transformers).")
+    return out
+
+
 def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float = 0.95) -> ReportResult:
-    """Read a store file (or every store file in a directory), write ``report.md``, ``summary.json``
-    (the rows), ``frontier.png``, ``accuracy_gap.png`` and, where lossless runs recorded positions,
-    ``figure2_<dataset>.png`` to ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, corpora = load_rows(store_path_or_dir, conf, distortion=True)
+    """Read a store file (or every store file in a directory; the stores are only read), write
+    ``report.md``, ``summary.json`` (the rows), ``frontier.png``, ``accuracy_gap.png`` and, where
+    lossless runs recorded positions, ``figure2_<dataset>.png`` to ``out_dir``. Every file is written
+    whole or not at all."""
+    out = ensure_out_dir(out_dir)
+    read_warnings: list[str] = []
+    rows, corpora = load_rows(store_path_or_dir, conf, distortion=True, warnings=read_warnings)
     datasets = order_datasets(rows)
     pct = f"{100 * conf:g}%"
     plots = [
@@ -309,7 +347,7 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
     figure2: dict[tuple, Path] = {}
     for c in corpora:
         name = f"figure2_{_slug(c.group[0])}" + (f"_{len(figure2)}" if any(g[0] == c.group[0] for g in figure2) else "")
-        path = plot_figure2(c.records, c.rules, out / f"{name}.png", tokens=c.tokens)
+        path = plot_figure2(c.records, c.rules, out / f"{name}.png", tokens=c.tokens)   # written atomically
         if path is not None:
             figure2[c.group] = path
             plots.append(path)
@@ -329,6 +367,11 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
     ]
     if warnings:
         md += ["**Truncation warnings**", "", *warnings, ""]
+    decoding = decoding_warnings(rows)
+    if decoding:
+        md += ["**Decoding warnings**", "", *decoding, ""]
+    if read_warnings:
+        md += ["**Store warnings**", "", *(f"- ⚠ {_esc(w)}" for w in read_warnings), ""]
     for ds in datasets:
         mine = [r for r in rows if r.dataset == ds]
         md += [f"## {ds}", "", format_table(mine, conf), ""]
@@ -388,7 +431,6 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
         "and tokens per target call at the recorded draft blocks.",
         "",
     ]
-    md_path = out / "report.md"
-    md_path.write_text("\n".join(md), encoding="utf-8")
-    (out / "summary.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1), encoding="utf-8")
+    md_path = write_text_atomic(out / "report.md", "\n".join(md))
+    write_text_atomic(out / "summary.json", json.dumps([r.to_dict() for r in rows], indent=1))
     return ReportResult(markdown_path=md_path, plot_paths=plots, table_rows=rows)

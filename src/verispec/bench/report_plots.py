@@ -15,6 +15,8 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from verispec.outputs import atomic_path
+
 from .rows import RunRow, baseline_label, reference_accuracy, row_sort_key
 
 __all__ = ["plot_frontier", "plot_gap"]
@@ -144,7 +146,8 @@ def plot_frontier(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
     if legend:
         fig.legend(handles=list(legend.values()), loc="outside right upper", fontsize=8,
                    title="run (hollow ◇: true baselines)", title_fontsize=8, frameon=False)
-    fig.savefig(path)
+    with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
+        fig.savefig(tmp, format="png")
     return path
 
 
@@ -222,5 +225,6 @@ def plot_gap(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
         fig.legend(loc="outside right upper", fontsize=8, title="rule", title_fontsize=8, frameon=False)
     else:
         ax.text(0.5, 0.5, "no method run has a paired baseline", transform=ax.transAxes, ha="center")
-    fig.savefig(path)
+    with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
+        fig.savefig(tmp, format="png")
     return path

@@ -50,6 +50,8 @@ __all__ = [
     "Corpus",
     "STORE_SUFFIXES",
     "TRUNCATION_WARN_SHARE",
+    "decoding_label",
+    "numerics_key",
 ]
 
 STORE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -155,6 +157,10 @@ class RunRow:
     vs_lossless: Comparison | None = None
     vs_target_only: Comparison | None = None   # the wrong baseline, for rules whose true one is not it
     distortion: RuleDistortion | None = None   # exact per-token distortion, where positions were recorded
+    #: how the samples were decoded (:func:`decoding_label`), distinct values; empty before it was recorded
+    decoding: tuple[str, ...] = ()
+    #: distinct :func:`numerics_key` of the samples (samples with one key share the float arithmetic per row)
+    numerics: tuple[tuple, ...] = ()
 
     # -- the run's identity, for grouping and display
     run_id = property(lambda self: self.key.run_id)
@@ -216,11 +222,14 @@ class _Run:
     store_dir: Path  # where its recorded positions live
 
 
-def _load(store_path_or_dir) -> "OrderedDict[str, _Run]":
-    """run_id -> run, merged over every store file found (first copy of a sample wins)."""
+def _load(store_path_or_dir, warnings: list[str] | None = None) -> "OrderedDict[str, _Run]":
+    """run_id -> run, merged over every store file found (first copy of a sample wins); the stores are
+    only read (never migrated or written); what a store could not show is appended to ``warnings``."""
     runs: OrderedDict[str, tuple[RunKey, dict, dict, Path]] = OrderedDict()
     for f in store_files(store_path_or_dir):
-        with ResultStore(f) as st:
+        with ResultStore(f, readonly=True) as st:
+            if warnings is not None:
+                warnings.extend(st.warnings)
             for key, pair in st.runs():
                 rid = key.run_id
                 if rid not in runs:
@@ -285,6 +294,34 @@ def _target_only_of(key: RunKey, runs: dict[str, _Run]) -> str | None:
     return None
 
 
+def decoding_label(meta: dict) -> str | None:
+    """How the bench decoded a sample (``meta`` keys ``backend``, ``batched``, ``batch_size``,
+    ``batch_invariant``): ``"llama.cpp, one at a time"``, ``"llama.cpp, batch 4"`` or ``"llama.cpp,
+    batch 4 invariant"``; None for a sample stored before the bench recorded it."""
+    if "backend" not in meta and "batch_size" not in meta:
+        return None
+    backend = meta.get("backend") or "?"
+    if not meta.get("batched"):
+        return f"{backend}, one at a time"
+    return f"{backend}, batch {meta.get('batch_size')}" + (" invariant" if meta.get("batch_invariant") else "")
+
+
+def numerics_key(meta: dict) -> tuple | None:
+    """Samples with equal keys had each row computed by the same float arithmetic, so a greedy output
+    is the same whichever of them made it: the backend, and ``"one at a time"``, ``"rows"`` (a batched
+    row computed alone: batch size 1, or any size with ``--batch-invariant``) or ``"batch N"``. None: not
+    recorded. (``docs/reproducibility.md``: what is bitwise equal and what is equal in law.)"""
+    if "backend" not in meta and "batch_size" not in meta:
+        return None
+    if not meta.get("batched"):
+        how = "one at a time"
+    elif meta.get("batch_invariant") or meta.get("batch_size") == 1:
+        how = "rows"
+    else:
+        how = f"batch {meta.get('batch_size')}"
+    return (meta.get("backend") or "?", how)
+
+
 def _run_row(run: _Run, runs: dict[str, _Run], conf: float) -> RunRow:
     key, pair, samples = run.key, run.pair, run.samples
     problems = [s.problem_id for s in samples]
@@ -332,6 +369,9 @@ def _run_row(run: _Run, runs: dict[str, _Run], conf: float) -> RunRow:
         vs_baseline=_compare(samples, runs.get(base_id), base_id, conf),
         vs_lossless=_compare(samples, runs.get(ll_id), ll_id, conf),
         vs_target_only=_compare(samples, runs.get(wrong), wrong, conf) if wrong else None,
+        decoding=tuple(sorted({decoding_label(s.meta) or "not recorded" for s in samples}))
+        if any(decoding_label(s.meta) for s in samples) else (),
+        numerics=tuple(sorted({k for s in samples if (k := numerics_key(s.meta)) is not None})),
     )
 
 
@@ -367,10 +407,11 @@ def row_sort_key(r: RunRow):
             r.max_new_tokens, r.seed)
 
 
-def load_rows(store_path_or_dir: str | Path, conf: float = 0.95, *,
-              distortion: bool = False) -> tuple[list[RunRow], list["Corpus"]]:
-    """:func:`collect_rows` and, with ``distortion``, the recorded corpora the distortions came from."""
-    runs = _load(store_path_or_dir)
+def load_rows(store_path_or_dir: str | Path, conf: float = 0.95, *, distortion: bool = False,
+              warnings: list[str] | None = None) -> tuple[list[RunRow], list["Corpus"]]:
+    """:func:`collect_rows` and, with ``distortion``, the recorded corpora the distortions came from;
+    what a store could not show (a WAL unreadable on a read-only mount) is appended to ``warnings``."""
+    runs = _load(store_path_or_dir, warnings)
     rows = [_run_row(r, runs, conf) for r in runs.values()]
     corpora = attach_distortion(rows, runs) if distortion else []
     order = {d: i for i, d in enumerate(order_datasets(rows))}

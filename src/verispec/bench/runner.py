@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,16 +36,17 @@ from pathlib import Path
 from typing import Protocol
 
 from verispec import rules as rule_registry
-from verispec.bench.checkers import check
+from verispec.bench.checkers import CHECKERS, check
 from verispec.bench.datasets import Problem, load_problems
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
 from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.ngram import lookup_for
-from verispec.engine.tree import TreeSpec, check_tree_rule
-from verispec.models import is_ngram_draft, load_pair
+from verispec.engine.tree import TreeSpec
+from verispec.models import backend_label, check_model_specs, is_ngram_draft, load_pair
+from verispec.outputs import OutputError, atomic_path, check_out_dir, ensure_out_dir, os_error_text, write_text_atomic
 from verispec.sampling import SamplingConfig
-from verispec.settings import ClusterSettings, DataSettings, ModelSettings
+from verispec.settings import MAX_GAMMA, ClusterSettings, DataSettings, ModelSettings, check_token_budget
 
 TARGET_ONLY = "target_only"
 STORE_NAME = "results.sqlite"
@@ -95,6 +95,7 @@ class BenchConfig(DataSettings, ModelSettings):
     check_timeout_s: float = 10.0
 
     def validate(self) -> None:
+        check_field_types(self)
         if not self.datasets:
             raise ValueError("no dataset given (--dataset)")
         if not self.rules and not (self.target_only or self.lossless_ref):
@@ -110,17 +111,63 @@ class BenchConfig(DataSettings, ModelSettings):
             if self.lookup or is_ngram_draft(self.draft):
                 raise ValueError(f"prompt lookup drafts chains; it does not combine with tree {spec.spec()}")
             for rule in self.rules:
-                check_tree_rule(rule_registry.get(rule), spec)
+                spec.check_rule(rule_registry.get(rule))
         for g in self.gammas:
-            if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
-                raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {g!r}")
+            if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= MAX_GAMMA):
+                raise ValueError(f"gamma must be an integer in 1..{MAX_GAMMA} or 'auto', got {g!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check_token_budget(self, self.max_new_tokens)
+        if not str(self.out).strip():
+            raise ValueError("out is empty: give the folder for the results (--out DIR)")
+        for s in self.samplings:
+            if not s.strip():
+                raise ValueError(f"an empty sampling setting in {self.samplings!r} (a stray ';'?): remove it, or write "
+                                 "temperature=1 for plain sampling")
         if self.n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
+        for name in ("offset", "few_shot", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.check_timeout_s > 0 or self.check_timeout_s != self.check_timeout_s:
+            raise ValueError(f"check_timeout_s must be a number of seconds > 0, got {self.check_timeout_s}")
+        if self.n_ctx < 1:
+            raise ValueError(f"n_ctx must be >= 1 token, got {self.n_ctx}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
+        if self.on_bad_row not in ("skip", "error"):
+            raise ValueError(f"on_bad_row must be 'skip' or 'error', got {self.on_bad_row!r}")
+        if self.checker is not None and self.checker not in CHECKERS:
+            raise ValueError(f"unknown checker {self.checker!r}; expected one of {', '.join(CHECKERS)}")
 
+
+#: What each BenchConfig field holds, for sweep files: (accepted types, how it is said in an error).
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    **{f: ((int,), "an integer") for f in ("offset", "n_samples", "max_new_tokens", "seed", "few_shot", "n_ctx")},
+    **{f: ((int, type(None)), "an integer (or left out)") for f in ("limit", "n_threads")},
+    "check_timeout_s": ((int, float), "a number of seconds"),
+    **{f: ((bool,), "true or false") for f in ("baselines", "lossless_ref", "target_only", "lookup")},
+    **{f: ((str,), "a string") for f in ("out", "on_bad_row", "device")},
+    **{f: ((str, type(None)), "a string (or left out)")
+       for f in ("draft", "target", "data_dir", "question_field", "answer_field", "id_field", "checker", "dtype")},
+    **{f: ((list,), "a list of strings") for f in ("datasets", "rules", "samplings", "trees")},
+    "gammas": ((list,), "a list of integers or 'auto'"),
+}
+
+
+def check_field_types(cfg: "BenchConfig") -> None:
+    """Refuse a value of the wrong type (``limit = "three"`` in a sweep file) with the field's name."""
+    for name, (types, said) in _FIELD_TYPES.items():
+        value = getattr(cfg, name)
+        bad = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        if not bad and name in ("datasets", "rules", "samplings", "trees"):
+            bad = not all(isinstance(v, str) for v in value)
+        if not bad and name == "gammas":
+            bad = not all(v == "auto" or (isinstance(v, int) and not isinstance(v, bool)) for v in value)
+        if bad:
+            raise ValueError(f"{name} must be {said}, got {value!r}")
 
 SWEEP_KEYS = {f for f in BenchConfig.__dataclass_fields__}
 _SWEEP_ALIASES = {"dataset": "datasets", "rule": "rules", "sampling": "samplings", "gamma": "gammas",
@@ -133,19 +180,29 @@ def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"sweep file not found: {path}")
-    text = path.read_text()
+    if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
+        raise ValueError(f"sweep file must be .toml, .yaml or .yml, got {path.name}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                         "save it as UTF-8") from None
     if path.suffix.lower() == ".toml":
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib  # type: ignore[no-redef]
-        data = tomllib.loads(text)
-    elif path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: not valid TOML: {e}") from None
+    else:
         import yaml
 
-        data = yaml.safe_load(text) or {}
-    else:
-        raise ValueError(f"sweep file must be .toml, .yaml or .yml, got {path.name}")
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the sweep must be a mapping of settings")
     cfg = asdict(base or BenchConfig())
@@ -157,7 +214,10 @@ def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig
             value = [value]
         cfg[name] = value
     out = BenchConfig(**cfg)
-    out.validate()
+    try:
+        out.validate()
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return out
 
 
@@ -242,9 +302,12 @@ class SampleRunner:
     ``(target, draft, width)``) and returns their rows; a lossless sample's positions are saved under
     ``out`` before its row is returned. Prompts and per-γ call costs are computed once per runner."""
 
-    def __init__(self, cfg: BenchConfig, models: tuple, out: Path) -> None:
+    def __init__(self, cfg: BenchConfig, models: tuple, out: Path, decoding: dict | None = None) -> None:
         self.cfg, self.out = cfg, Path(out)
         self.target, self.draft, self.width = models
+        # how this runner's samples are decoded, stored in each row's meta (the report compares it)
+        self.decoding = {"backend": backend_label(self.target), "batched": False, "batch_size": 1,
+                         **(decoding or {})}
         self._costs: dict = {}
         self._prompts: dict[tuple[str, str], list[int]] = {}
 
@@ -278,7 +341,7 @@ class SampleRunner:
                            observers=[recording] if recording is not None else (), tree=tree,
                            lookup=lookup_for(self.cfg, DEFAULT_G_MAX if gamma == "auto" else gamma))
             if recording is not None:  # on disk before the row: a stored row implies its positions
-                recording.save(positions_path(self.out, run.key.run_id, problem.id, k), decode=target.token_piece)
+                save_recording(recording, positions_path(self.out, run.key.run_id, problem.id, k), target.token_piece)
         return self.row(unit, res, time.perf_counter() - t0)
 
     def row(self, unit: Unit, res, gen_s: float) -> SampleRecord:
@@ -293,6 +356,7 @@ class SampleRunner:
                 "difficulty": problem.meta.get("difficulty"), "generate_s": gen_s,
                 "seed": sample_seed(self.cfg.seed, problem.dataset, problem.id, unit.k),
                 "check_detail": verdict.detail[:500], "correct_flexible": verdict.correct_flexible,
+                **self.decoding,
             },
         )
 
@@ -338,17 +402,19 @@ class BatchExecutor:
     still compares every run on the same problems), and within a chunk the samples of each run form one
     continuously batched call; each row is committed as soon as its prompt ends. Chains only."""
 
-    def __init__(self, cfg: BenchConfig, out: Path, batch_size: int, load_models: Callable | None = None) -> None:
-        if cfg.trees or cfg.lookup or "auto" in cfg.gammas:
-            raise ValueError("--batch-size decodes chains of a fixed γ: it does not combine with --tree, --lookup "
-                             "or --gamma auto (drop one)")
+    def __init__(self, cfg: BenchConfig, out: Path, batch_size: int, load_models: Callable | None = None,
+                 invariant: bool = False) -> None:
+        check_batchable(cfg)
         self.cfg, self.out, self.batch_size, self._load_models = cfg, Path(out), batch_size, load_models
+        self.invariant = invariant
         self._runner: SampleRunner | None = None
 
     def start(self, need_draft: bool) -> None:
         load = self._load_models or load_pair
-        self._runner = SampleRunner(self.cfg, load(self.cfg, need_draft=need_draft, batch_size=self.batch_size),
-                                    self.out)
+        extra = {"batch_invariant": True} if self.invariant else {}
+        models = load(self.cfg, need_draft=need_draft, batch_size=self.batch_size, **extra)
+        self._runner = SampleRunner(self.cfg, models, self.out, decoding={
+            "batched": True, "batch_size": self.batch_size, "batch_invariant": self.invariant})
 
     def run(self, units: Sequence[Unit], commit: Commit) -> None:
         from verispec.engine.batch import generate_batch, generate_target_only_batch
@@ -373,8 +439,8 @@ class BatchExecutor:
                 def done(i: int, res, group=group, recordings=recordings) -> None:
                     unit = group[i]
                     if recordings[i] is not None:   # on disk before the row: a stored row implies its positions
-                        recordings[i].save(positions_path(self.out, unit.run.key.run_id, unit.problem.id, unit.k),
-                                           decode=runner.target.token_piece)
+                        save_recording(recordings[i], positions_path(self.out, unit.run.key.run_id, unit.problem.id,
+                                                                     unit.k), runner.target.token_piece)
                     commit(unit, UnitResult(runner.row(unit, res, res.stats.wall_s)))
 
                 common = dict(sampling=run.sampling, max_new_tokens=cfg.max_new_tokens, stop=stops, seeds=seeds,
@@ -420,16 +486,36 @@ class Bench:
 
             return RayExecutor(self.cfg, self.cluster, load_models=self._load_models, log=self.log)
         if self.cluster is not None and self.cluster.batch_size is not None:
-            return BatchExecutor(self.cfg, self.out, self.cluster.batch_size, self._load_models)
+            return BatchExecutor(self.cfg, self.out, self.cluster.batch_size, self._load_models,
+                                 invariant=self.cluster.batch_invariant)
         return LocalExecutor(self.cfg, self.out, self._load_models)
 
-    def run(self) -> Path:
+    def plan(self, *, check_models: bool = False) -> list[PlannedRun]:
+        """Everything the run checks before it decodes, without writing anything: the settings, the
+        combination with the cluster settings, the output folder, the problems (loaded) and, with
+        ``check_models``, the model files (:func:`verispec.models.check_model_specs`). A dry run is
+        this: it refuses what the run would refuse."""
+        if self.cluster is not None and self.cluster.batch_size is not None and not self.cluster.distributed:
+            check_batchable(self.cfg)
+        if self.cluster is not None and self.cluster.ray_address:
+            from verispec.cluster import check_ray_address
+
+            check_ray_address(self.cluster.ray_address)    # seconds, not Ray's endless retries
+        check_out_dir(self.out)
+        store = self.out / STORE_NAME
+        if store.exists() and not store.is_file():
+            raise ValueError(f"{store} is a folder; the bench keeps its results in a file of that name: choose "
+                             "another --out")
         self.load_problems()
+        if check_models:
+            check_model_specs(self.cfg, need_draft=bool(self.cfg.rules or self.cfg.lossless_ref))
         draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")
-        target_name = model_label(self.cfg.target, "target")
-        plan = plan_runs(self.cfg, draft_name, target_name)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
+        return plan_runs(self.cfg, draft_name, model_label(self.cfg.target, "target"))
+
+    def run(self) -> Path:
+        plan = self.plan()
+        ensure_out_dir(self.out)
+        write_text_atomic(self.out / "config.json", json.dumps(asdict(self.cfg), indent=2))
         store = ResultStore(self.out / STORE_NAME)
         try:
             for run in plan:
@@ -478,10 +564,35 @@ def _write_atomic(root: Path, name: str, data: bytes) -> None:
     if rel.is_absolute() or ".." in rel.parts:
         raise ValueError(f"result file {name!r} is not a path inside the bench directory")
     path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(os_error_text(exc)) from None
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def save_recording(recording: SampleRecording, path: Path, decode: Callable[[int], str]) -> None:
+    """Save a lossless sample's recorded positions; a failure (a full disk) leaves no partial file and
+    says which file could not be written."""
+    try:
+        recording.save(path, decode=decode)
+    except OSError as exc:
+        for tmp in (path.with_name(path.name + ".tmp"), path.with_suffix(".tokens.json.tmp")):
+            tmp.unlink(missing_ok=True)      # the temporary files SampleRecording.save writes first
+        exc.filename = str(path)
+        raise OutputError(os_error_text(exc)) from None
+
+
+def check_batchable(cfg: BenchConfig) -> None:
+    """``--batch-size`` decodes chains of a fixed γ: refuse trees, prompt lookup and ``--gamma auto``."""
+    if cfg.trees or cfg.lookup or is_ngram_draft(cfg.draft) or "auto" in cfg.gammas:
+        raise ValueError("--batch-size decodes chains of a fixed γ: it does not combine with --tree, --lookup, "
+                         "--draft ngram or --gamma auto (drop one)")
+    raw = [spec for spec in cfg.rules if getattr(rule_registry.get(spec), "needs_raw", False)]
+    if raw:
+        raise ValueError(f"rule(s) {', '.join(raw)} read the raw distributions, which --batch-size does not keep: "
+                         "run them without --batch-size (or drop them)")
 
 
 def _progress(total: int, enabled: bool):

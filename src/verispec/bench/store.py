@@ -32,6 +32,19 @@ follow) and ``stats`` is filled from the version-1 columns and ``meta``.  A file
 a SQLite file that is not a verispec store, and a file that is not a database are refused with a
 :class:`StoreError` naming the file and what to do.
 
+Reading only
+------------
+``ResultStore(path, readonly=True)`` (the report, a regrade that writes nothing) never changes the
+file: it opens it with ``mode=ro`` and, where SQLite cannot create the WAL's shared-memory file (a
+read-only mount), with ``immutable=1`` (commits still in a ``-wal`` file, left by a killed writer,
+are then invisible: :attr:`ResultStore.warnings` says so). A version-1 file is migrated in a copy in
+memory. An empty (0-byte) file is refused: it is not a store, and reading it must not make it one.
+
+Errors while writing
+--------------------
+A full disk, a read-only file or a lock held too long raise :class:`StoreError` naming the file and
+what to do; every row committed before stays (the same command resumes after the cause is fixed).
+
 Durability
 ----------
 The database runs in WAL mode with ``synchronous=NORMAL`` and the connection in autocommit
@@ -52,6 +65,7 @@ import json
 import shutil
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +79,7 @@ __all__ = [
     "SampleRecord",
     "ResultStore",
     "StoreError",
+    "write_error",
 ]
 
 SCHEMA_VERSION = 2
@@ -107,9 +122,27 @@ _WHAT_TO_DO = "move the file aside (or delete it) or choose another --out direct
 
 
 class StoreError(ValueError):
-    """A result store file that cannot be used: not a database, not a verispec store, or a newer schema.
+    """A result store file that cannot be used: not a database, not a verispec store, a newer schema,
+    or one that cannot be written (full disk, read-only file system, lock held).
 
     A ``ValueError`` so that the command line reports it as a plain error (exit status 2)."""
+
+
+def write_error(path: Path, exc: sqlite3.Error) -> StoreError:
+    """A :class:`StoreError` saying what a failed write of the store ``path`` means and what to do."""
+    msg = str(exc)
+    kept = "every sample stored before is kept; run the same command again to resume"
+    if "full" in msg:
+        return StoreError(f"the disk holding {path} is full (SQLite: {msg}): free some space; {kept}")
+    if "readonly" in msg or "read-only" in msg or "unable to open" in msg:
+        return StoreError(f"cannot write the result store {path} (SQLite: {msg}): the file or its folder is read-only; "
+                          "choose a writable --out (report and regrade --dry-run only read a store)")
+    if "locked" in msg or "busy" in msg:
+        return StoreError(f"{path} stayed locked by another process (SQLite: {msg}): wait for the other bench on this "
+                          f"--out to end, or choose another --out; {kept}")
+    if "disk I/O" in msg:
+        return StoreError(f"the disk failed writing {path} (SQLite: {msg}); {kept}")
+    return StoreError(f"cannot write the result store {path} (SQLite: {msg}); {kept}")
 
 
 @dataclass(frozen=True)
@@ -279,23 +312,79 @@ class ResultStore:
     any number of processes may open the same file.
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 60.0, synchronous: str = "NORMAL"):
+    def __init__(self, path: str | Path, *, timeout: float = 60.0, synchronous: str = "NORMAL",
+                 readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
+        #: what a reader could not see (commits in a WAL it cannot open), for the caller to show
+        self.warnings: list[str] = []
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"bad synchronous level {synchronous!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = None
+        if readonly:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"no result store at {self.path}")
+            if self.path.stat().st_size == 0:
+                raise StoreError(f"{self.path} is empty (0 bytes), not a result store (a bench stopped before it "
+                                 "stored anything, or a failed copy); it is left as it is: point at the bench's own "
+                                 "folder or delete the file")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._open(timeout, synchronous.upper())
-        except (sqlite3.OperationalError, sqlite3.IntegrityError):
+            if readonly:
+                self._open_readonly(timeout)
+            else:
+                self._open(timeout, synchronous.upper())
+        except sqlite3.IntegrityError:
             self.close()
-            raise  # locked, busy, read-only: nothing wrong with the file itself
+            raise
+        except sqlite3.OperationalError as exc:  # full, read-only, locked: nothing wrong with the file itself
+            self.close()
+            if readonly:
+                raise StoreError(f"cannot read the result store {self.path} (SQLite: {exc}): check that the file "
+                                 "and its folder are readable") from None
+            raise write_error(self.path, exc) from None
         except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
             self.close()
             raise StoreError(f"{self.path} is not a usable result store (SQLite: {exc}); {_WHAT_TO_DO}") from exc
         except BaseException:
             self.close()
             raise
+
+    def _open_readonly(self, timeout: float) -> None:
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve()))
+        try:
+            self._conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=timeout, isolation_level=None)
+            self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError:   # a WAL database on a read-only mount: no -shm can be made
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, isolation_level=None)
+            wal = self.path.with_name(self.path.name + "-wal")
+            if wal.is_file() and wal.stat().st_size > 0:
+                self.warnings.append(f"{wal} holds commits SQLite cannot read on this read-only file system "
+                                     "(a writer was killed before it folded them in); copy the folder to writable "
+                                     "storage to see them")
+        tables = self._tables()
+        if "schema_version" not in tables:
+            raise StoreError(f"{self.path} is a SQLite database but not a verispec result store "
+                             f"(tables: {', '.join(sorted(tables)) or 'none'}); {_WHAT_TO_DO}")
+        rows = self._versions()
+        if rows == [1]:   # migrate a copy in memory: a reader never changes the file
+            mem = sqlite3.connect(":memory:", isolation_level=None)
+            self._conn.backup(mem)
+            self._conn.close()
+            self._conn = mem
+            mem.execute("BEGIN IMMEDIATE")
+            try:
+                self._migrate_v1()
+                mem.execute("COMMIT")
+            except BaseException:
+                mem.execute("ROLLBACK")
+                raise
+        elif rows != [SCHEMA_VERSION]:
+            raise StoreError(f"{self.path}: schema version {rows} is not {SCHEMA_VERSION}; this verispec cannot read "
+                             f"it. Use the verispec that wrote it, or {_WHAT_TO_DO}")
 
     def _open(self, timeout: float, synchronous: str) -> None:
         # isolation_level=None: autocommit; transactions are explicit (BEGIN IMMEDIATE ... COMMIT)
@@ -410,7 +499,10 @@ class ResultStore:
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError("pair must map str -> run_id str")
         c = self._conn
-        c.execute("BEGIN IMMEDIATE")
+        try:
+            c.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise write_error(self.path, exc) from None
         try:
             row = c.execute("SELECT key_json, pair_json FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
@@ -427,6 +519,10 @@ class ResultStore:
                     (json.dumps(merged, sort_keys=True), run_id),
                 )
             c.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise write_error(self.path, exc) from None
         except BaseException:
             if c.in_transaction:
                 c.execute("ROLLBACK")
@@ -482,11 +578,14 @@ class ResultStore:
             time.time(),
         )
         # autocommit mode: a single INSERT is one atomic, committed transaction
-        cur = self._conn.execute(
-            f"INSERT OR IGNORE INTO samples({_SAMPLE_COLS}, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            params,
-        )
+        try:
+            cur = self._conn.execute(
+                f"INSERT OR IGNORE INTO samples({_SAMPLE_COLS}, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                params,
+            )
+        except sqlite3.OperationalError as exc:   # full disk, read-only, lock held: the row is not stored
+            raise write_error(self.path, exc) from None
         return cur.rowcount == 1
 
     def samples(self, run_id: str) -> list[SampleRecord]:

@@ -45,8 +45,11 @@ def config_from_args(args) -> DiagnoseConfig:
     cfg = DiagnoseConfig()
     if args.dataset:
         cfg.datasets = flags.dataset_list(args.dataset)
-    if args.rules:
+    if args.rules is not None:
         cfg.rules = split_specs(args.rules)
+        if not cfg.rules:
+            raise ValueError(f"--rules {args.rules!r} names no rule: give rule specs, comma-separated "
+                             "(`verispec rules` lists them), or drop --rules for the default set")
     if args.sampling is not None:
         cfg.sampling = args.sampling
     if args.max_new_tokens is not None:
@@ -59,14 +62,24 @@ def config_from_args(args) -> DiagnoseConfig:
 
 def cmd_diagnose(args, accuracy_gaps: AccuracyGaps | None = None) -> int:
     from verispec.diagnose.summary import diagnostics_markdown
+    from verispec.outputs import check_out_dir
+    from verispec.settings import check_token_budget
 
     cfg, cluster, pool = config_from_args(args), flags.cluster_from_args(args), None
+    # before the corpus is recorded (minutes): what would fail only at the end
+    check_out_dir(cfg.out)
+    check_token_budget(cfg, cfg.max_new_tokens)
+    if cfg.bench_dir and accuracy_gaps is not None:
+        try:
+            accuracy_gaps(cfg.bench_dir)   # a folder without a readable store fails now, not after the corpus
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"--bench {cfg.bench_dir}: {exc}") from None
     if cluster.distributed:   # the corpus is recorded on Ray workers, one prompt per unit
         from verispec.cluster import WorkerPool
 
         pool = WorkerPool(cluster, n_threads=cfg.n_threads, log=lambda m: print(f"diagnose: {m}", file=sys.stderr))
     result = run_diagnose(cfg, progress=not args.no_progress, accuracy_gaps=accuracy_gaps, pool=pool,
-                          batch_size=cluster.batch_size)
+                          batch_size=cluster.batch_size, batch_invariant=cluster.batch_invariant)
     print(diagnostics_markdown(result["summary"]))
     if "tree_form" in result:
         from verispec.diagnose.tree_form import tree_form_markdown

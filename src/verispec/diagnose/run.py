@@ -68,7 +68,7 @@ class DiagnoseConfig(DataSettings, ModelSettings):
 
 def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_models=None,
                  accuracy_gaps: Callable[[str], Mapping[str, float]] | None = None, pool=None,
-                 batch_size: int | None = None) -> dict:
+                 batch_size: int | None = None, batch_invariant: bool = False) -> dict:
     """Record (or reuse) the corpus, summarise every rule, write the outputs; returns the summary,
     plot paths and, with ``cfg.bench_dir``, the rank correlation with the accuracy gaps that
     ``accuracy_gaps(bench_dir)`` reads from that bench (``verispec.bench.cli.accuracy_gaps``: the
@@ -123,7 +123,8 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         def batched(c: DiagnoseConfig, need_draft: bool = True):
             from verispec.models import load_pair
 
-            return (workers_load or load_pair)(c, need_draft=need_draft, batch_size=batch_size)
+            extra = {"batch_invariant": True} if batch_invariant else {}
+            return (workers_load or load_pair)(c, need_draft=need_draft, batch_size=batch_size, **extra)
 
         loader = _load_once(batched)
         record = lambda target, draft, problems: collect_corpus_batched(  # noqa: E731

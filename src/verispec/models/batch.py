@@ -370,10 +370,19 @@ class LlamaBatchBackend(_TextOf):
 
     ``n_ctx``: context per row (the shared KV buffer holds ``B x n_ctx`` cells). ``n_threads``,
     ``n_batch``, ``n_ubatch`` as for :class:`~verispec.models.llama.LlamaBackend`.
+
+    ``invariant=True``: batch-invariant rows. Each row is its own single-sequence context on the one
+    loaded model (:meth:`~verispec.models.llama.LlamaBackend.sibling`, the context of ``batch_size=1``),
+    and a forward decodes the rows one after another, one ``llama_decode`` per row. A row's logits are
+    then bitwise those of the same row at ``batch_size=1``, whatever its neighbours: outputs do not
+    depend on the batch size. The cost: no batched matrix products (a step costs the sum of the rows'
+    single-sequence forwards; ``benchmarks/batch_invariance.py`` measures it) and one context (KV cache,
+    logits buffer) per row; the weights are loaded once.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, batch_size: int, n_ctx: int = 4096,
-                 n_threads: int | None = None, n_batch: int = 512, n_ubatch: int | None = None) -> None:
+                 n_threads: int | None = None, n_batch: int = 512, n_ubatch: int | None = None,
+                 invariant: bool = False) -> None:
         from .llama import LlamaBackend
 
         try:
@@ -382,28 +391,42 @@ class LlamaBatchBackend(_TextOf):
             raise ImportError("LlamaBatchBackend needs llama-cpp-python: pip install 'verispec[llama]'") from e
         lc = llama_cpp.llama_cpp if hasattr(llama_cpp, "llama_cpp") else llama_cpp
         self.batch_size = _check_batch_size(batch_size, int(lc.llama_max_parallel_sequences()))
-        if int(n_ctx) < 1:
+        if isinstance(n_ctx, bool) or int(n_ctx) < 1:
             raise ValueError(f"n_ctx must be a positive number of tokens per row, got {n_ctx}")
-        # LlamaBackend's tree context: n_seq_max = max_tree_nodes + 1 sequences on one (unified) KV buffer.
-        self.single = LlamaBackend(model_path, n_ctx=self.batch_size * int(n_ctx), n_threads=n_threads,
-                                   n_batch=n_batch, n_ubatch=n_ubatch, max_tree_nodes=self.batch_size - 1)
+        self.invariant = bool(invariant)
+        if self.invariant:      # the context of batch_size=1, once per row, on one model
+            self.single = LlamaBackend(model_path, n_ctx=int(n_ctx), n_threads=n_threads, n_batch=n_batch,
+                                       n_ubatch=n_ubatch, max_tree_nodes=0)
+            self._rows: RowsOfBackends | None = RowsOfBackends(
+                [self.single] + [self.single.sibling() for _ in range(self.batch_size - 1)])
+        else:
+            # LlamaBackend's tree context: n_seq_max = max_tree_nodes + 1 sequences on one (unified) KV buffer.
+            self.single = LlamaBackend(model_path, n_ctx=self.batch_size * int(n_ctx), n_threads=n_threads,
+                                       n_batch=n_batch, n_ubatch=n_ubatch, max_tree_nodes=self.batch_size - 1)
+            self._rows = None
         s = self.single
         self._lc, self._ctx, self._batch = s._lc, s._ctx, s._batch
         self.n_batch, self.n_threads, self.path = s.n_batch, s.n_threads, s.path
-        self.name = f"{s.name} (batch {self.batch_size})"
+        self.name = f"{s.name} (batch {self.batch_size}{', invariant' if self.invariant else ''})"
         self.vocab_size, self.tokenizer_size, self.eos_token_ids = s.vocab_size, s.tokenizer_size, s.eos_token_ids
         self.context_length = int(n_ctx)
         self.logits_device = torch.device("cpu")
         self._n = [0] * self.batch_size
 
     def row_length(self, row: int) -> int:
-        return self._n[row]
+        return self._rows.row_length(row) if self._rows is not None else self._n[row]
 
     def reset(self) -> None:
+        if self._rows is not None:
+            self._rows.reset()
+            return
         self._ctx.kv_cache_clear()
         self._n = [0] * self.batch_size
 
     def rollback_row(self, row: int, length: int) -> None:
+        if self._rows is not None:
+            self._rows.rollback_row(row, length)
+            return
         check_rollback_length(length, self._n[_check_row(self, row)])
         if not self._ctx.kv_cache_seq_rm(row, length, -1):
             raise RuntimeError(f"{self.name}: llama.cpp refused to truncate row {row} to {length} tokens")
@@ -414,6 +437,8 @@ class LlamaBatchBackend(_TextOf):
 
     def forward_rows(self, tokens: Sequence[Sequence[int]], *, last_only: bool = False) -> torch.Tensor:
         """Packed float32 CPU logits of the rows' new tokens (module docstring)."""
+        if self._rows is not None:
+            return self._rows.forward_rows(tokens, last_only=last_only)
         toks = _check_rows(self, tokens)
         entries = [(r, k, t) for r, row in enumerate(toks) for k, t in enumerate(row)]
         n_out = sum(1 for r, k, _ in entries if not last_only or k == len(toks[r]) - 1)
@@ -450,10 +475,14 @@ class LlamaBatchBackend(_TextOf):
         return out
 
     def close(self) -> None:
+        if self._rows is not None:
+            for be in self._rows.rows[1:]:     # the siblings before the backend holding the model
+                be.close()
         self.single.close()
 
     def __repr__(self) -> str:
-        return f"LlamaBatchBackend({str(self.path)!r}, batch_size={self.batch_size}, n_ctx={self.context_length})"
+        return (f"LlamaBatchBackend({str(self.path)!r}, batch_size={self.batch_size}, n_ctx={self.context_length}"
+                + (", invariant=True)" if self.invariant else ")"))
 
 
 # --------------------------------------------------------------------------------------------------

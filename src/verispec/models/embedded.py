@@ -6,8 +6,12 @@ the parts in order gives the GGUF file; it is assembled once into a user cache d
 against a fixed sha256, and then reused.
 
 Cache directory: ``$VERISPEC_CACHE``, else ``$XDG_CACHE_HOME/verispec``, else ``~/.cache/verispec``.
-Next to each assembled ``<name>.gguf`` a ``<name>.gguf.sha256`` stamp records the verified digest so
-later calls only compare the file size (no re-hash).
+Next to each assembled ``<name>.gguf`` a ``<name>.gguf.sha256`` stamp records the verified digest and
+the file's identity when it was verified (size, modification and change times in ns, inode). Later calls
+re-hash only when that identity changed: any write to the file (even one that restores its modification
+time) changes its change time, so a file damaged after its stamp was written is hashed again, found wrong
+and rebuilt from the chunk packages. What a stamp cannot see is damage below the file system (a failing
+disk); ``rm`` the file to rebuild it.
 """
 
 from __future__ import annotations
@@ -135,17 +139,30 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _identity(path: Path) -> str:
+    """What changes whenever the file's content may have: size, mtime, ctime (ns) and inode."""
+    st = path.stat()
+    return f"stat {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
+
+
 def _read_stamp(path: Path) -> str | None:
+    """The stamped digest, if the stamp describes the file as it is now (else None: hash it again)."""
     try:
-        return _stamp_path(path).read_text().split()[0].strip().lower()
-    except (OSError, IndexError):
+        lines = _stamp_path(path).read_text().splitlines()
+        digest = lines[0].split()[0].strip().lower()
+    except (OSError, IndexError, UnicodeDecodeError):
         return None
+    try:
+        same = len(lines) > 1 and lines[1].strip() == _identity(path)
+    except OSError:
+        return None
+    return digest if same else None
 
 
 def _write_stamp(path: Path, digest: str) -> None:
     stamp = _stamp_path(path)
     tmp = stamp.with_name(stamp.name + f".tmp{os.getpid()}")
-    tmp.write_text(f"{digest}  {path.name}\n")
+    tmp.write_text(f"{digest}  {path.name}\n{_identity(path)}\n")
     os.replace(tmp, stamp)
 
 
@@ -158,9 +175,10 @@ def embedded_model_path(
 ) -> Path:
     """Return the path of the assembled GGUF for ``role`` ("draft" or "target"), assembling it if needed.
 
-    - An existing file whose size equals the sum of the parts is reused. If it has no ``.sha256`` stamp
-      (or the stamp disagrees with the expected digest) it is hashed once and stamped; a wrong digest
-      there deletes the file and re-assembles it.
+    - An existing file whose size equals the sum of the parts is reused. If it has no ``.sha256`` stamp,
+      the stamp disagrees with the expected digest, or the file changed since it was stamped (size,
+      mtime, ctime or inode), it is hashed again and stamped; a wrong digest there deletes the file and
+      re-assembles it.
     - Otherwise the parts are concatenated into a temp file in the cache directory while hashing
       (tqdm progress bar when ``progress``); it is renamed into place atomically only if its sha256
       matches, else the temp file is removed and ``ValueError`` names the expected and actual digests.

@@ -95,9 +95,8 @@ class HFBackend:
     ) -> None:
         import transformers
 
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype.removeprefix("torch."))
-        self.device = torch.device(device)
+        dtype = _dtype(dtype)
+        self.device = _device(device)
 
         if isinstance(model_or_id, (str, os.PathLike)):
             src = str(model_or_id)
@@ -112,9 +111,12 @@ class HFBackend:
             placed = {"device_map": device_map} if device_map is not None else {}
             if device_map is not None and dtype is not None:
                 placed["dtype"] = dtype      # convert while loading: a split model is not moved afterwards
-            model = transformers.AutoModelForCausalLM.from_pretrained(src, **kw, **placed)
-            if tokenizer is None:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(src, **kw)
+            try:
+                model = transformers.AutoModelForCausalLM.from_pretrained(src, **kw, **placed)
+                if tokenizer is None:
+                    tokenizer = transformers.AutoTokenizer.from_pretrained(src, **kw)
+            except (OSError, ValueError, KeyError, TypeError) as exc:   # bad config.json, missing files, offline hub
+                raise ValueError(_load_error(src, exc)) from None
             self.name = f"hf:{src}" + (f"/{gguf_file}" if gguf_file is not None else "")
         else:
             if device_map is not None:
@@ -383,3 +385,44 @@ class HFBackend:
 
     def __repr__(self) -> str:
         return f"HFBackend({self.name!r}, vocab_size={self.vocab_size}, dtype={self.dtype})"
+
+
+#: ``--dtype`` values of transformers models
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if not isinstance(dtype, str):
+        return dtype
+    name = dtype.strip().lower().removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is not a dtype of transformers models here: use one of "
+                         f"{', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a torch device: use cpu, cuda, cuda:1, mps, ...") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch sees no CUDA GPU (torch {torch.__version__}); "
+                         "use --device cpu")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"--device {device}: MPS is not available here; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return dev
+
+
+def _load_error(src: str, exc: BaseException) -> str:
+    """One line: which model could not be loaded, transformers' reason, and what to do."""
+    reason = " ".join(str(exc).split())[:300].rstrip(".") or type(exc).__name__
+    if Path(src).expanduser().is_dir():
+        hint = ("the directory must hold a transformers model: config.json (valid JSON naming its model_type), "
+                "the weights (*.safetensors or *.bin) and the tokenizer files")
+    else:
+        hint = ("a hub id needs network access (or the model in the Hugging Face cache); offline, pass the model's "
+                "local directory or a .gguf file")
+    return f"cannot load the transformers model {src}: {reason}; {hint}"

@@ -36,6 +36,7 @@ from .base import (
     check_tree_path,
     tree_open_error,
 )
+from .gguf_check import check_gguf
 
 CHAIN_SEQ = 0  # llama.cpp sequence of the committed prefix and of tree nodes that extend it as one chain
 
@@ -106,30 +107,41 @@ class LlamaBackend:
             )
         self.max_tree_nodes = int(max_tree_nodes)
 
-        if int(n_ctx) < 1:
+        if isinstance(n_ctx, bool) or int(n_ctx) < 1:
             raise ValueError(f"n_ctx must be a positive number of tokens, got {n_ctx}")
+        info = check_gguf(path)     # a damaged or foreign file: say why, before llama.cpp sees it
         threads = int(n_threads) if n_threads else default_threads()
-        n_batch = max(1, min(int(n_batch), int(n_ctx)))
+        # llama.cpp keeps one logits row per sequence at least: n_batch >= n_seq_max (else GGML_ASSERT aborts)
+        n_batch = max(1, min(int(n_batch), int(n_ctx) + self.max_tree_nodes), self.max_tree_nodes + 1)
         n_ubatch = max(1, min(int(n_ubatch), n_batch)) if n_ubatch else n_batch
-        self._llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=int(n_ctx) + self.max_tree_nodes,
-            n_batch=n_batch,
-            n_ubatch=n_ubatch,
-            n_threads=threads,
-            n_threads_batch=threads,
-            seed=int(seed),
-            logits_all=False,
-            verbose=False,
-        )
-        if self.max_tree_nodes:
-            # Llama(...) has no arguments for these: rebuild its context with one sequence per branch node
-            # (plus the chain's) sharing a single KV buffer.
-            params = self._llm.context_params
-            params.n_seq_max = self.max_tree_nodes + 1
-            params.kv_unified = True
-            self._llm._ctx.close()
-            self._llm._ctx = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
+        try:
+            self._llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=int(n_ctx) + self.max_tree_nodes,
+                n_batch=n_batch,
+                n_ubatch=n_ubatch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                seed=int(seed),
+                logits_all=False,
+                verbose=False,
+            )
+            if self.max_tree_nodes:
+                # Llama(...) has no arguments for these: rebuild its context with one sequence per branch node
+                # (plus the chain's) sharing a single KV buffer.
+                params = self._llm.context_params
+                params.n_seq_max = self.max_tree_nodes + 1
+                params.kv_unified = True
+                self._llm._ctx.close()
+                self._llm._ctx = _internals.LlamaContext(model=self._llm._model, params=params, verbose=False)
+        except ValueError as exc:   # "Failed to load model from file" / "Failed to create llama_context"
+            whole = f"a whole GGUF v{info.version} file, architecture {info.architecture or 'unknown'}"
+            if "context" in str(exc):
+                trained = f"; {path.name} was trained on {info.context_length}" if info.context_length else ""
+                raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens for {path} ({exc}): its "
+                                 f"KV cache may not fit in memory; pass a smaller --n-ctx{trained}") from None
+            raise ValueError(f"llama.cpp could not load {path} ({whole}): {exc}; its architecture may be newer than "
+                             "this llama.cpp (pip install -U llama-cpp-python)") from None
         self.name = f"llama.cpp:{path}"
         self.path = path
         self.n_threads = threads
@@ -375,12 +387,38 @@ class LlamaBackend:
         self._n = n + len(ids)
         self._drop_tree()
 
+    def sibling(self) -> "LlamaBackend":
+        """Another sequence on the same loaded model: a fresh context with this one's settings (same
+        ``n_ctx``, ``n_batch``, threads, tree sequences), sharing the model's weights (no second copy in
+        memory). Its logits are bitwise those this backend computes for the same calls: a context only
+        holds a KV cache and buffers. ``close`` the siblings before the backend that loaded the model."""
+        from llama_cpp import _internals
+
+        twin = object.__new__(LlamaBackend)
+        twin.__dict__.update(self.__dict__)
+        twin._owner = self
+        twin._ctx = _internals.LlamaContext(model=self._model, params=self._llm.context_params, verbose=False)
+        twin._mem = self._lc.llama_get_memory(twin._ctx.ctx)
+        twin._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=self.max_tree_nodes + 1,
+                                            verbose=False)
+        twin._piece_buf = ctypes.create_string_buffer(256)
+        twin._n = 0
+        twin._drop_tree()
+        twin._ctx.kv_cache_clear()
+        return twin
+
     def close(self) -> None:
-        """Free the llama.cpp model and context now (otherwise done at garbage collection)."""
+        """Free the llama.cpp model and context now (otherwise done at garbage collection); a
+        :meth:`sibling` frees its own context only."""
         llm, self._llm = getattr(self, "_llm", None), None
         batch, self._batch = getattr(self, "_batch", None), None
         if batch is not None:
             batch.close()
+        if getattr(self, "_owner", None) is not None:
+            ctx, self._ctx = getattr(self, "_ctx", None), None
+            if ctx is not None:
+                ctx.close()
+            return
         if llm is not None:
             llm._ctx.close()  # the context we built is not on llm's own exit stack
             llm.close()

@@ -1,6 +1,6 @@
 """Common machinery of every verification rule: input checks, the batched chain verifier, guards.
 
-Conventions (see ``shared/design/verification-rules.md`` §0):
+Conventions (see ``docs/verification-rules.md`` §0):
 
 * ``p``, ``q`` are next-token distributions **after** the sampling pipeline. Shapes entering
   ``verify``: ``p: [B, G+1, V]`` (target at the G drafted positions plus the bonus position),
@@ -100,6 +100,7 @@ def check_verify_inputs(
     p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate the shapes and values of a ``verify`` call and return float/int64 versions."""
+    check_devices(("target p", p), ("draft q", q), ("draft tokens", draft))
     if p.dim() != 3 or q.dim() != 3 or draft.dim() != 2:
         raise ValueError(
             "verify expects p: [B, G+1, V], q: [B, G, V], draft: [B, G]; got "
@@ -130,10 +131,27 @@ def check_verify_inputs(
     return p, q, draft.long()
 
 
+def check_devices(*named: tuple[str, torch.Tensor]) -> None:
+    """Refuse tensors without values (the ``meta`` device) and tensors on different devices."""
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is on the 'meta' device (a shape without values, e.g. a model loaded with "
+                             "device='meta' or init_empty_weights): move it to a real device (.to('cpu')) first")
+    devices = {t.device for _, t in named}
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in named)
+        raise ValueError(f"the tensors must be on one device, got {where}: move them with .to(device)")
+
+
 def check_distribution(t: torch.Tensor, name: str) -> None:
     """Refuse NaN/inf, negative entries and rows that do not sum to one (logits passed by mistake)."""
-    # Two passes over the data: NaN and ±inf propagate into the row sums.
+    check_devices((name, t))
+    # Two passes over the data: NaN and ±inf propagate into the row sums; one copy to the host decides.
     sums = t.sum(-1)
+    if bool(torch.isfinite(sums).all() & (t.amin(-1) >= 0).all() & ((sums - 1).abs() <= ROW_SUM_ATOL).all()):
+        return
     if not torch.isfinite(sums).all():
         raise ValueError(f"{name} contains NaN or inf (check the logits feeding the sampling pipeline)")
     if (t.amin(-1) < 0).any():
