@@ -493,3 +493,17 @@ def test_store_write_errors_name_the_cause():
         text = str(write_error(path, sqlite3.OperationalError(msg)))
         assert says in text and str(path) in text
         assert "resume" in text or says == "read-only"
+
+
+def test_code_grading_is_refused_before_any_work_where_the_sandbox_cannot_hold_it(tmp_path, monkeypatch, capsys):
+    """A bench (and its dry run) of a code dataset stops at once with the sandbox's reason; a dataset graded
+    without running code is not affected."""
+    from verispec import cli
+    from verispec.bench.sandbox import UNSAFE_FLAG
+    from verispec.bench.sandbox import runner as sandbox_runner
+
+    monkeypatch.setattr(sandbox_runner, "refusal", lambda: f"no namespaces here: pass {UNSAFE_FLAG} to grade anyway")
+    out = tmp_path / "b"
+    assert cli.main(["bench", "--dry-run", "--dataset", "humaneval", "--limit", "1", "--out", str(out)]) == 2
+    assert UNSAFE_FLAG in capsys.readouterr().err and not out.exists()
+    assert cli.main(["bench", "--dry-run", "--dataset", "gsm8k", "--limit", "1", "--out", str(out)]) == 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from verispec import flags
 from verispec.bench import runner
+from verispec.bench.sandbox import UNSAFE_ENV, UNSAFE_FLAG
 from verispec.rules import split_specs
 from verispec.settings import DATA_FIELDS, MODEL_FIELDS
 
@@ -39,6 +41,7 @@ def add_parsers(sub) -> None:
                    help="make every check the run makes (datasets loaded, model files, output folder, Ray address) "
                    "and print the planned runs; nothing is decoded or written")
     p.add_argument("--no-progress", action="store_true")
+    _add_unsafe_sandbox_flag(p)
     flags.add_model_flags(p)
     flags.add_decoding_flags(p, allow_auto_gamma=True)
     flags.add_cluster_flags(p)
@@ -57,7 +60,20 @@ def add_parsers(sub) -> None:
     p.add_argument("--write", action="store_true",
                    help="store the new verdicts (the replaced one is kept in the sample's meta) and rewrite the report")
     p.add_argument("--data-dir", default=None, help="folder with the offline datasets (default: as the bench used)")
+    _add_unsafe_sandbox_flag(p)
     p.set_defaults(func=cmd_regrade)
+
+
+def _add_unsafe_sandbox_flag(p) -> None:
+    p.add_argument(UNSAFE_FLAG, action="store_true", dest="unsafe_sandbox",
+                   help="grade code even where the sandbox has no namespaces (a container without them): the graded "
+                   "program can then read every world-readable file, datasets included, so its grade can be forged. "
+                   "Needs root and a cgroup (docs/bench.md)")
+
+
+def _allow_unsafe_sandbox(args) -> None:
+    if getattr(args, "unsafe_sandbox", False):
+        os.environ[UNSAFE_ENV] = "1"
 
 
 #: Config fields set from the flag of the same name (``check_timeout_s`` from ``--check-timeout``).
@@ -116,6 +132,7 @@ def accuracy_gaps(bench_dir: str) -> dict[str, float]:
 
 
 def cmd_bench(args) -> int:
+    _allow_unsafe_sandbox(args)
     cfg, cluster = config_from_args(args), flags.cluster_from_args(args)
     if args.dry_run:   # everything the run checks before it decodes: the dry run refuses what the run refuses
         bench = runner.Bench(cfg, progress=False, cluster=cluster, log=lambda m: print(m, file=sys.stderr))
@@ -164,6 +181,7 @@ def cmd_regrade(args) -> int:
     from verispec.bench.regrade import regrade
     from verispec.bench.report import build_report
 
+    _allow_unsafe_sandbox(args)
     src = Path(args.dir)
     if not src.exists():
         raise FileNotFoundError(f"no bench results at {src}")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from verispec.bench.checkers import check
 from verispec.bench.datasets import Problem, load_dataset
+from verispec.bench.sandbox import require_contained
 from verispec.bench.store import DEFAULT_DB_NAME, ResultStore, StoreError, write_error
 
 __all__ = ["regrade", "RegradeSummary", "RunRegrade", "Change"]
@@ -168,6 +169,8 @@ def regrade(store_dir: str | Path, *, write: bool = False, data_dir: str | Path 
             results.append(run)
             if key.dataset not in cache:
                 cache[key.dataset] = _problems(key.dataset, cfg, data_dir)
+                if any(p.checker == "code" for p in cache[key.dataset].values()):
+                    require_contained()     # before grading code: refused where the sandbox cannot hold it
             problems = cache[key.dataset]
             for rec in store.iter_samples(key.run_id):
                 problem = problems.get(rec.problem_id)

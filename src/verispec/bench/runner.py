@@ -39,6 +39,7 @@ from verispec import rules as rule_registry
 from verispec.bench.checkers import CHECKERS, check
 from verispec.bench.datasets import Problem, load_problems
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
+from verispec.bench.sandbox import require_contained
 from verispec.bench.store import ResultStore, RunKey, SampleRecord
 from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.ngram import lookup_for
@@ -507,6 +508,8 @@ class Bench:
             raise ValueError(f"{store} is a folder; the bench keeps its results in a file of that name: choose "
                              "another --out")
         self.load_problems()
+        if any(p.checker == "code" for problems in self.problems.values() for p in problems):
+            require_contained()     # code is graded in the sandbox: refused here where it cannot hold it
         if check_models:
             check_model_specs(self.cfg, need_draft=bool(self.cfg.rules or self.cfg.lossless_ref))
         draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")

@@ -49,7 +49,7 @@ _MEMORY_RE = re.compile(r"^(MemoryError\b|.*\bCannot allocate memory\b|.*std::ba
 ReportHandler = Callable[[str], "float | tuple[float, bytes] | None"]
 
 
-class SandboxRefused(RuntimeError):
+class SandboxRefused(ValueError):
     """Code cannot be run here with the guarantees the grader needs (see :func:`require_contained`)."""
 
 
