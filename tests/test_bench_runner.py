@@ -250,54 +250,6 @@ def test_flags_given_override_the_sweep_file_even_at_their_default(tmp_path):
     assert plain.seed == 0 and plain.out == runner.DEFAULT_OUT and plain.limit == runner.DEFAULT_LIMIT
 
 
-LAYERS = {  # module prefix -> layer (lower never imports higher)
-    "verispec.checks": 0, "verispec.runtime": 0, "verispec.params": 0, "verispec.settings": 0,
-    "verispec.cluster": 0, "verispec.outputs": 0,
-    "verispec.sets": 1, "verispec.topk": 1, "verispec.sampling": 2,
-    # the problems and their checking (stdlib only): usable by diagnose as well as bench
-    "verispec.bench.datasets": 1, "verispec.bench.prompts": 1, "verispec.bench.checkers": 1,
-    "verispec.bench.sandbox": 1,
-    "verispec.rules": 3, "verispec.models": 4,
-    "verispec.engine": 5, "verispec.diagnose": 6, "verispec.bench": 7,
-    "verispec.flags": 8, "verispec.bench.cli": 8, "verispec.diagnose.cli": 8, "verispec.demo": 8, "verispec.cli": 9,
-}
-
-
-def _layer(module: str) -> int | None:
-    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default=None)
-    return LAYERS[best] if best else None
-
-
-def test_layers_import_downwards():
-    """cli -> bench -> diagnose -> engine -> models -> rules -> sampling -> sets: no import goes up
-    (imports inside functions included). ``diagnose`` reaches bench's problem loading (a lower layer)
-    but never its runner, CLI or report."""
-    import ast
-
-    bad = []
-    for path in sorted(SRC.joinpath("verispec").rglob("*.py")):
-        rel = path.relative_to(SRC).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        layer = _layer(module)
-        package = module if rel.name == "__init__" else module.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(parent + ([base] if base else []))
-                targets = [base + "." + a.name for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                continue
-            for target in targets:
-                t = _layer(target) if target.startswith("verispec.") else None
-                if layer is not None and t is not None and t > layer:
-                    bad.append(f"{module} (layer {layer}) imports {target} (layer {t})")
-    assert not bad, "\n".join(sorted(set(bad)))
-
-
 def batched_fake_models(cfg, need_draft, batch_size=None):
     """The fake pair as batched backends (one fake model per row: exact, so outputs equal one at a time)."""
     from verispec.models import RowsOfBackends

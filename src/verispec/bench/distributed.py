@@ -13,26 +13,23 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from verispec.bench.executors import SampleRunner, UnitResult
 from verispec.cluster import WorkerPool, WorkerStartError, import_ray  # noqa: F401  (re-exported)
+from verispec.models import load_pair
 from verispec.settings import ClusterSettings
 
 
 class BenchUnits:
-    """The worker side of the bench: one model pair and a :class:`~verispec.bench.runner.SampleRunner`
+    """The worker side of the bench: one model pair and a :class:`~verispec.bench.executors.SampleRunner`
     that saves recorded positions into a private folder; their files travel back with the row, and the
     driver writes them into the bench directory before committing it."""
 
     def __init__(self, cfg, need_draft: bool, load_models: Callable | None) -> None:
-        from verispec.bench.runner import SampleRunner
-        from verispec.models import load_pair
-
         # made by the first recording saved in it, removed once its files are read
         self.scratch = Path(tempfile.gettempdir()) / f"verispec-worker-{uuid.uuid4().hex}"
         self.runner = SampleRunner(cfg, (load_models or load_pair)(cfg, need_draft=need_draft), self.scratch)
 
     def __call__(self, unit):
-        from verispec.bench.runner import UnitResult
-
         record = self.runner(unit)
         paths = sorted(p for p in self.scratch.rglob("*") if p.is_file())   # none: nothing was recorded
         files = {p.relative_to(self.scratch).as_posix(): p.read_bytes() for p in paths}
@@ -41,7 +38,7 @@ class BenchUnits:
 
 
 class RayExecutor:
-    """The bench's :class:`~verispec.bench.runner.Executor` over a :class:`WorkerPool`: every worker
+    """The bench's :class:`~verispec.bench.executors.Executor` over a :class:`WorkerPool`: every worker
     loads the pair of ``cfg`` (with ``n_threads`` = its threads) through ``load_models`` (default
     :func:`verispec.models.load_pair`; it must pickle, e.g. a module-level function, and its module
     must import on the workers)."""
