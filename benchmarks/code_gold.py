@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from verispec.bench.checkers import check
-from verispec.bench.datasets import load_dataset
+from verispec.tasks.checkers import check
+from verispec.tasks.datasets import load_dataset
 
 #: Appended to the canonical solution: the entry point now returns a perturbed output.
 WRONG = '''

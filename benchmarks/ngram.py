@@ -27,12 +27,12 @@ from verispec.runtime import tune_process
 
 tune_process()
 
-from verispec.bench.datasets import load_problems  # noqa: E402
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.engine.ngram import NgramDrafter  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 from verispec.settings import DataSettings, ModelSettings  # noqa: E402
+from verispec.tasks.datasets import load_problems  # noqa: E402
 
 
 def main(argv=None) -> int:

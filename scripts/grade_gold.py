@@ -31,9 +31,9 @@ import time
 import types
 from pathlib import Path
 
-from verispec.bench.checkers import bfcl as our_bfcl
-from verispec.bench.checkers import check
-from verispec.bench.datasets import Problem, load_dataset
+from verispec.tasks.checkers import bfcl as our_bfcl
+from verispec.tasks.checkers import check
+from verispec.tasks.datasets import Problem, load_dataset
 
 DATASETS = ["gsm8k", "math500", "aime2024", "aime2025", "bfcl_simple", "bfcl_multiple", "bfcl_parallel",
             "bfcl_parallel_multiple", "bfcl_live_simple", "bfcl_live_multiple", "bfcl_live_parallel",

@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 from tests.helpers.tiny_hf import tiny_char_tokenizer, tiny_hf_model  # noqa: E402
 
 # The tests read the benchmark copies beside the checkout; the product itself never looks there
-# (its default is $VERISPEC_DATA or the user's own data folder: verispec.bench.datasets).
+# (its default is $VERISPEC_DATA or the user's own data folder: verispec.tasks.datasets).
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if SHARED_DATA.is_dir():
     os.environ.setdefault("VERISPEC_DATA", str(SHARED_DATA))

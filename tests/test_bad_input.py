@@ -281,7 +281,7 @@ def test_non_utf8_rows_are_skipped_or_named(tmp_path, capsys):
     assert_clear_error(code, err, f"{data}:2", "0xe9")
     gz = tmp_path / "arr.json"
     gz.write_bytes(b'[{"question": "x", "answer": "1"},\n {"question": "\xff", "answer": "2"}]')
-    from verispec.bench.datasets import load_dataset
+    from verispec.tasks.datasets import load_dataset
 
     with pytest.raises(ValueError, match=r"arr.json:2: not UTF-8 text: byte 0xff at line 2"):
         load_dataset(str(gz), question_field="question", answer_field="answer", on_bad_row="error")
@@ -499,8 +499,8 @@ def test_code_grading_is_refused_before_any_work_where_the_sandbox_cannot_hold_i
     """A bench (and its dry run) of a code dataset stops at once with the sandbox's reason; a dataset graded
     without running code is not affected."""
     from verispec import cli
-    from verispec.bench.sandbox import UNSAFE_FLAG
-    from verispec.bench.sandbox import runner as sandbox_runner
+    from verispec.tasks.sandbox import UNSAFE_FLAG
+    from verispec.tasks.sandbox import runner as sandbox_runner
 
     monkeypatch.setattr(sandbox_runner, "refusal", lambda: f"no namespaces here: pass {UNSAFE_FLAG} to grade anyway")
     out = tmp_path / "b"

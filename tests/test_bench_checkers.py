@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench.checkers import (
+from verispec.tasks.checkers import (
     CheckResult,
     bfcl_match,
     build_code_program,
@@ -19,7 +19,7 @@ from verispec.bench.checkers import (
     find_calls,
     last_boxed,
 )
-from verispec.bench.datasets import Problem, load_dataset
+from verispec.tasks.datasets import Problem, load_dataset
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"benchmark data not found at {DATA}")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench import datasets as dsmod
-from verispec.bench.datasets import LoadedDataset, Problem, dataset_names, default_data_dir, load_dataset
+from verispec.tasks import datasets as dsmod
+from verispec.tasks.datasets import LoadedDataset, Problem, dataset_names, default_data_dir, load_dataset
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"benchmark data not found at {DATA}")

@@ -236,11 +236,11 @@ def test_a_killed_driver_resumes_from_the_store(tmp_path, reference, cluster):
 
 
 def test_diagnose_corpus_on_workers_equals_the_local_corpus(tmp_path):
-    from verispec.bench.datasets import load_problems
     from verispec.diagnose.corpus import collect_corpus, collect_corpus_on_workers
     from verispec.diagnose.record import PositionRecorder
     from verispec.diagnose.run import DiagnoseConfig
     from verispec.sampling import SamplingConfig
+    from verispec.tasks.datasets import load_problems
 
     base = config(tmp_path, n_rows=6)
     cfg = DiagnoseConfig(datasets=base.datasets, question_field="question", answer_field="answer", id_field="id",

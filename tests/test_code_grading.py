@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench.checkers import check, coding
-from verispec.bench.checkers.code_child import Opaque, decode, digest, dumps, encode
-from verispec.bench.datasets import Problem, load_dataset
+from verispec.tasks.checkers import check, coding
+from verispec.tasks.checkers.code_child import Opaque, decode, digest, dumps, encode
+from verispec.tasks.datasets import Problem, load_dataset
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 

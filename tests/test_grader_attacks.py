@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench.checkers import check, coding
-from verispec.bench.datasets import Problem, load_dataset
-from verispec.bench.sandbox import UNSAFE_ENV, UNSAFE_FLAG, is_sandbox_uid, run_python, sandbox_info
+from verispec.tasks.checkers import check, coding
+from verispec.tasks.datasets import Problem, load_dataset
+from verispec.tasks.sandbox import UNSAFE_ENV, UNSAFE_FLAG, is_sandbox_uid, run_python, sandbox_info
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
@@ -451,7 +451,7 @@ def test_no_command_line_holds_the_configuration(namespaces, info, monkeypatch):
     no process's command line holds the bootstrap's configuration."""
     import threading
 
-    from verispec.bench.sandbox import bootstrap
+    from verispec.tasks.sandbox import bootstrap
 
     ours = str(Path(bootstrap.__file__).resolve()).encode()
     if not namespaces:
@@ -518,7 +518,7 @@ def test_code_is_not_graded_where_the_sandbox_refuses(monkeypatch):
     get SandboxRefused from require_contained()."""
     import functools
 
-    from verispec.bench.sandbox import SandboxRefused, require_contained, runner
+    from verispec.tasks.sandbox import SandboxRefused, require_contained, runner
 
     monkeypatch.delenv(UNSAFE_ENV, raising=False)
     monkeypatch.setattr(runner, "_INFO_CACHE", {})

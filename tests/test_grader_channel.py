@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.test_grader_attacks import CORRECT_HE0, HE0, fenced, needs_data, problem
-from verispec.bench.checkers import check
+from verispec.tasks.checkers import check
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
@@ -84,7 +84,7 @@ def test_hostile_report_lines_leave_the_grader_bounded(attack, dataset, pid):
 #: The most expensive lines the grader still reads (just inside every bound of
 #: ``code_child.loads_line``): parsing, decoding and comparing one stays within CHANNEL_MEMORY.
 def _largest_admitted():
-    from verispec.bench.checkers import code_child as cc
+    from verispec.tasks.checkers import code_child as cc
 
     n, c = cc.MAX_ITEMS - 20, cc.MAX_CONTAINERS // 2 - 20
     return {
@@ -102,8 +102,8 @@ def _largest_admitted():
 def test_the_largest_admitted_lines_cost_bounded_memory(case):
     import json
 
-    from verispec.bench.checkers.code_child import decode, line_problem, loads_line
-    from verispec.bench.checkers.code_compare import same_output
+    from verispec.tasks.checkers.code_child import decode, line_problem, loads_line
+    from verispec.tasks.checkers.code_compare import same_output
 
     line = json.dumps({"i": 0, "t": 0.0, "out": _largest_admitted()[case]}, separators=(",", ":"))
     assert line_problem(line) is None  # admitted: this is the worst the grader has to read

@@ -2,7 +2,7 @@
 
 Every row is ``(case, gold, completion, truncated, strict, flexible)``; ``truncated`` means the
 generation stopped at the token limit.  The verdicts follow the rules documented in the checker
-modules (``verispec.bench.checkers.gsm8k`` / ``latex_math`` / ``bfcl``): strict credits only a
+modules (``verispec.tasks.checkers.gsm8k`` / ``latex_math`` / ``bfcl``): strict credits only a
 stated answer; flexible also takes the last number / expression, or calls amid prose, but only
 from a response that ended on its own.  The issue-13 reports are the first rows.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench.checkers import TRUNCATED_NO_ANSWER, check
-from verispec.bench.datasets import Problem, load_dataset
+from verispec.tasks.checkers import TRUNCATED_NO_ANSWER, check
+from verispec.tasks.datasets import Problem, load_dataset
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"benchmark data not found at {DATA}")

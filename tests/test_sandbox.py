@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench.sandbox import UNSAFE_ENV, is_sandbox_uid, run_python, sandbox_info
+from verispec.tasks.sandbox import UNSAFE_ENV, is_sandbox_uid, run_python, sandbox_info
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
@@ -196,7 +196,7 @@ def test_a_killed_grader_leaves_no_run_behind(info):
         pytest.skip("needs root: only then do the sandbox's processes run as uids that can be counted")
     before = _snapshot()
     grader = subprocess.Popen([sys.executable, "-c", (
-        "from verispec.bench.sandbox import run_python\n"
+        "from verispec.tasks.sandbox import run_python\n"
         "run_python('import time; print(1, flush=True); time.sleep(60)', timeout_s=120)\n")])
     try:
         deadline = time.monotonic() + 20
@@ -211,7 +211,7 @@ def test_a_killed_grader_leaves_no_run_behind(info):
     tag = f"verispec-sbx-{grader.pid}-"
     left = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(tag)]
     assert left, "expected the killed grader's run directory (the test's premise)"
-    r = subprocess.run([sys.executable, "-c", "from verispec.bench.sandbox import run_python; run_python('pass')"],
+    r = subprocess.run([sys.executable, "-c", "from verispec.tasks.sandbox import run_python; run_python('pass')"],
                        timeout=60)
     assert r.returncode == 0
     assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(tag)]
@@ -369,7 +369,7 @@ def test_sysv_ipc_dies_with_the_run(info):
 
 
 def test_keyring_calls_are_denied(info):
-    from verispec.bench.sandbox.bootstrap import _KEYRING
+    from verispec.tasks.sandbox.bootstrap import _KEYRING
 
     _needs(info, "seccomp", "a seccomp filter")
     import platform
@@ -456,7 +456,7 @@ def test_deep_directory_chain_is_cleaned_up(namespaces, monkeypatch):
 def test_host_files_are_invisible(info):
     """Only the interpreter, its standard library, the libraries they load and the run's own
     directories exist inside: no repository, virtual environment, dataset, /tmp or /etc/passwd."""
-    from verispec.bench.sandbox import rootfs, runner
+    from verispec.tasks.sandbox import rootfs, runner
 
     _needs(info, "mountns", "a minimal root")
     other = Path(tempfile.mkdtemp(prefix="verispec-sbx-test-other-"))
@@ -520,7 +520,7 @@ def test_degraded_runs_say_so(caplog, unsafe_opt_in):
     """Without namespaces the run reports the audit-hook fallback and logs it: never silently."""
     import logging
 
-    from verispec.bench.sandbox import runner
+    from verispec.tasks.sandbox import runner
 
     runner._WARNED.clear()
     with caplog.at_level(logging.WARNING, logger="verispec.sandbox"):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench.sandbox import run_python, sandbox_info
+from verispec.tasks.sandbox import run_python, sandbox_info
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from verispec.bench.checkers import CHECKERS
 from verispec.settings import MAX_GAMMA, ClusterSettings, ModelSettings
+from verispec.tasks.checkers import CHECKERS
 
 _EXPLICIT = "_explicit_flags"
 

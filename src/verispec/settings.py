@@ -1,7 +1,7 @@
 """Settings shared by the bench and diagnose configurations: which model pair, which problems.
 
 :class:`ModelSettings` is what :func:`verispec.models.load_pair` reads and :class:`DataSettings` what
-:func:`verispec.bench.datasets.load_problems` reads; ``BenchConfig`` and ``DiagnoseConfig`` inherit
+:func:`verispec.tasks.datasets.load_problems` reads; ``BenchConfig`` and ``DiagnoseConfig`` inherit
 both (with their own defaults for ``datasets`` and ``limit``), and the command-line flags of
 :mod:`verispec.flags` fill them under the same names.
 """

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from verispec import flags
 from verispec.bench import runner
-from verispec.bench.sandbox import UNSAFE_ENV, UNSAFE_FLAG
 from verispec.rules import split_specs
 from verispec.settings import DATA_FIELDS, MODEL_FIELDS
+from verispec.tasks.sandbox import UNSAFE_ENV, UNSAFE_FLAG
 
 
 def add_parsers(sub) -> None:

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Protocol
 
 from verispec import rules as rule_registry
-from verispec.bench.checkers import check
-from verispec.bench.datasets import Problem
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
 from verispec.bench.store import RunKey, SampleRecord
 from verispec.engine import cached_profile, generate, generate_target_only, measure_costs
@@ -26,6 +24,8 @@ from verispec.engine.ngram import lookup_for
 from verispec.models import backend_label, is_ngram_draft, load_pair
 from verispec.outputs import OutputError, os_error_text
 from verispec.sampling import SamplingConfig
+from verispec.tasks.checkers import check
+from verispec.tasks.datasets import Problem
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verispec.bench.checkers import check
-from verispec.bench.datasets import Problem, load_dataset
-from verispec.bench.sandbox import require_contained
 from verispec.bench.store import DEFAULT_DB_NAME, ResultStore, StoreError, write_error
+from verispec.tasks.checkers import check
+from verispec.tasks.datasets import Problem, load_dataset
+from verispec.tasks.sandbox import require_contained
 
 __all__ = ["regrade", "RegradeSummary", "RunRegrade", "Change"]
 

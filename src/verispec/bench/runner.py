@@ -33,8 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from verispec import rules as rule_registry
-from verispec.bench.checkers import CHECKERS
-from verispec.bench.datasets import Problem, load_problems
 from verispec.bench.executors import (
     BatchExecutor,
     Executor,
@@ -44,7 +42,6 @@ from verispec.bench.executors import (
     UnitResult,
     check_batchable,
 )
-from verispec.bench.sandbox import require_contained
 from verispec.bench.store import ResultStore, RunKey
 from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.tree import TreeSpec
@@ -52,6 +49,9 @@ from verispec.models import check_model_specs, is_ngram_draft
 from verispec.outputs import OutputError, atomic_path, check_out_dir, ensure_out_dir, os_error_text, write_text_atomic
 from verispec.sampling import SamplingConfig
 from verispec.settings import MAX_GAMMA, ClusterSettings, DataSettings, ModelSettings, check_token_budget
+from verispec.tasks.checkers import CHECKERS
+from verispec.tasks.datasets import Problem, load_problems
+from verispec.tasks.sandbox import require_contained
 
 TARGET_ONLY = "target_only"
 STORE_NAME = "results.sqlite"

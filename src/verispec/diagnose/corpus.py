@@ -34,7 +34,7 @@ def collect_corpus(
 ) -> PositionRecorder:
     """Generate each problem with ``rule="lossless"`` and record its drafted positions into ``recorder``.
 
-    ``problems``: objects with ``.dataset``, ``.id``, ``.prompt`` (e.g. :class:`verispec.bench.datasets.Problem`);
+    ``problems``: objects with ``.dataset``, ``.id``, ``.prompt`` (e.g. :class:`verispec.tasks.datasets.Problem`);
     the prompt ids are ``target.chat_prompt(problem.prompt)``. After every verification an engine
     observer reads the chain (:meth:`~verispec.engine.VerifiedStep.chain`: ``p [G+1, V]``, ``q [G, V]``,
     the draft tokens ``[G]`` and the accepted count ``n``); rows ``0..G−1`` of ``p`` and ``q`` are recorded

@@ -188,7 +188,7 @@ def _reuse_or_record(cfg: DiagnoseConfig, path: Path, key: dict, load, what: str
         corpus = load(path)
         log(f"diagnose: reusing {len(corpus)} recorded {what} from {path}")
         return corpus
-    from verispec.bench.datasets import load_problems
+    from verispec.tasks.datasets import load_problems
 
     problems = [p for ps in load_problems(cfg, log).values() for p in ps]
     target, draft, _ = load_models(cfg, need_draft=True) if load_models else (None, None, None)

@@ -1,6 +1,6 @@
 """Parent side of the sandbox: prepare a run, start the bootstrap, watch it, clean up.
 
-See :mod:`verispec.bench.sandbox` for the guarantees.  Nothing of the program runs in this
+See :mod:`verispec.tasks.sandbox` for the guarantees.  Nothing of the program runs in this
 process and nothing is ever ``exec``'d here: the child is ``python -I -S -B bootstrap.py CFG``
 (:mod:`.bootstrap`), which ``execve``\\s ``python -I -B MAIN ARGS`` once it is contained.
 """

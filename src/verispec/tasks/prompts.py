@@ -2,7 +2,7 @@
 
 Every template produces the *user message* only; the chat template of the model (if any) is
 applied later by the harness.  The templates ask for an answer format that the matching checker
-in :mod:`verispec.bench.checkers` extracts:
+in :mod:`verispec.tasks.checkers` extracts:
 
 ==========  ===========================================================  =====================
 family      asks for                                                     checker extracts

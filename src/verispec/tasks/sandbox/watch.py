@@ -4,7 +4,7 @@
 channel's per-line deadlines, reads report lines within bounds (:data:`MAX_REPORT_BYTES` in all,
 ``max_line_bytes`` per line, refused before anything parses them) and writes requests without
 ever blocking; :func:`kill_run` kills PID 1 of the run, its process group and its cgroup, then
-reaps the relay.  See :mod:`verispec.bench.sandbox` for the guarantees.
+reaps the relay.  See :mod:`verispec.tasks.sandbox` for the guarantees.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What counts as the answer
     strict (``CheckResult.correct``, the primary score) credits only an answer the response
-    *states*; the math prompt asks for it "within \\boxed{}" (``bench/prompts.py``):
+    *states*; the math prompt asks for it "within \\boxed{}" (``tasks/prompts.py``):
 
     1. the last *complete* ``\\boxed{...}`` -- the MATH convention (Hendrycks'
        ``last_boxed_only_string``, Qwen2.5-Math's evaluation).  It alone is parsed, as

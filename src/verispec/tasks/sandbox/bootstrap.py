@@ -8,11 +8,11 @@ cgroup, forks the program's process (PID 1 of the new PID namespace; this proces
 as a relay that reaps it and exits with its status), builds the minimal root, drops privileges,
 installs the seccomp filter and the rlimits, and finally ``execve``\\s ``python -I -B MAIN ARGS``
 in the run directory.  Without the namespaces it refuses to go on unless the caller opted in
-(``cfg["allow_unsafe"]``), has a cgroup and is root (see :mod:`verispec.bench.sandbox`).
+(``cfg["allow_unsafe"]``), has a cgroup and is root (see :mod:`verispec.tasks.sandbox`).
 
 What it achieved is written as one JSON line to the info pipe (``cfg["info_fd"]``); a setup
 failure is a line ``verispec-sandbox: ...`` on stderr and exit status :data:`SETUP_FAILED_RC`.
-The parent documents the guarantees (see :mod:`verispec.bench.sandbox`).
+The parent documents the guarantees (see :mod:`verispec.tasks.sandbox`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """In-interpreter fallback guard, used only where the kernel namespaces are unavailable (and the
-user opted in: see :data:`verispec.bench.sandbox.UNSAFE_FLAG`).
+user opted in: see :data:`verispec.tasks.sandbox.UNSAFE_FLAG`).
 
 Run as ``python -I -B audit_hook.py MAIN ARGS...`` in the run directory (the runner copies this
 file there): it installs a :func:`sys.addaudithook` hook, then runs ``MAIN`` as ``__main__``.
@@ -20,7 +20,7 @@ An audit hook lives in the program's own interpreter: paths are checked, then us
 link swapped in between wins), events the hook does not know pass, and native code gets around
 all of it.  So it is recorded as ``isolation["audit_hook"] = True`` and never mistaken for the
 kernel measures; what holds without it is the run's own uid, its root-owned read-only inputs and
-its cgroup (see :mod:`verispec.bench.sandbox`).
+its cgroup (see :mod:`verispec.tasks.sandbox`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ code (HumanEval, HumanEval+, MBPP+)
     ``prompt + code`` (the prompt's docstring-only stub is simply redefined when the code contains
     the whole function).
 
-    The solution runs only in the sandbox (:func:`verispec.bench.sandbox.run_module`), whose
+    The solution runs only in the sandbox (:func:`verispec.tasks.sandbox.run_module`), whose
     file system holds the interpreter and its standard library and nothing else of the host (no
     installed package, no dataset), in a process (:mod:`.code_child`) that holds the solution
     -- no tests, no expected outputs, no reference solution, no verdict function or token --

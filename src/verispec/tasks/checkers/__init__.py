@@ -1,4 +1,4 @@
-"""Answer checkers: did a completion solve a :class:`~verispec.bench.datasets.Problem`?
+"""Answer checkers: did a completion solve a :class:`~verispec.tasks.datasets.Problem`?
 
 ``check(problem, completion, truncated=...)`` looks ``problem.checker`` up in :data:`CHECKERS`
 and returns ``CheckResult(correct, extracted, detail, correct_flexible)``; ``extracted`` is what
