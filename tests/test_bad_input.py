@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bench_runner import config, fake_models
+from tests.helpers.bench_fakes import config, fake_models
 from verispec.bench import runner
 from verispec.bench.store import ResultStore
 from verispec.cli import error_text, main
@@ -372,11 +372,11 @@ def test_verify_refuses_meta_tensors():
 def test_embedded_file_damaged_after_its_stamp_is_rebuilt(tmp_path, monkeypatch):
     import os
 
-    from tests.test_models import _fake_parts
+    from tests.helpers.embedded_parts import fake_embedded_parts
     from verispec.models import embedded as emb
 
     blobs = [os.urandom(5000), os.urandom(7000)]
-    digest = _fake_parts(tmp_path, monkeypatch, blobs)
+    digest = fake_embedded_parts(tmp_path, monkeypatch, blobs)
     cache = tmp_path / "cache"
     path = emb.embedded_model_path("draft", cache_dir=cache, progress=False, expected_sha256=digest)
     mtime = path.stat().st_mtime_ns

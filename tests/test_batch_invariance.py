@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bench_runner import DigitLM, config, fake_models
+from tests.helpers.bench_fakes import DigitLM, config, fake_models
 from verispec.bench import runner
 from verispec.bench.report import build_report, decoding_warnings
 from verispec.bench.rows import decoding_label, numerics_key
@@ -109,9 +109,9 @@ def test_report_shows_the_decoding_and_warns_where_compared_runs_differ(tmp_path
 
 
 def test_stores_written_before_it_was_recorded_show_no_column(tmp_path):
-    from tests.test_bench_store import _write_v1_store
+    from tests.helpers.stores import write_v1_store
 
-    _write_v1_store(tmp_path / "results.sqlite")
+    write_v1_store(tmp_path / "results.sqlite")
     res = build_report(tmp_path, tmp_path / "out")
     assert "| decoding |" not in res.markdown_path.read_text() and decoding_warnings(res.table_rows) == []
 

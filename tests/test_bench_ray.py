@@ -17,8 +17,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'verispec[ray]'; scripts/setup.sh does)")
 
-from tests.test_bench_runner import DigitLM, SlowLM, fake_models  # noqa: E402
-from tests.test_bench_runner import config as runner_config  # noqa: E402
+from tests.helpers.bench_fakes import DigitLM, SlowLM, fake_models  # noqa: E402
+from tests.helpers.bench_fakes import config as runner_config  # noqa: E402
 from verispec.bench import runner  # noqa: E402
 from verispec.bench.distortion import positions_path  # noqa: E402
 from verispec.bench.store import ResultStore  # noqa: E402

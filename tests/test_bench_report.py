@@ -401,9 +401,9 @@ def test_missing_store(tmp_path):
 
 def test_a_version_1_store_is_reported_from_a_migrated_copy_and_left_as_it_is(tmp_path):
     """The report only reads: a version-1 store is migrated in memory, the file is not touched."""
-    from tests.test_bench_store import _write_v1_store
+    from tests.helpers.stores import write_v1_store
 
-    v1 = _write_v1_store(tmp_path / "results.sqlite")
+    v1 = write_v1_store(tmp_path / "results.sqlite")
     before = (tmp_path / "results.sqlite").read_bytes()
     res = build_report(tmp_path, tmp_path / "out")
     meth = _row(res.table_rows, "gsm8k", "cascade:0.5")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.stores import run_key, write_v1_store
 from verispec.bench.store import (
     DEFAULT_DB_NAME,
     SCHEMA_VERSION,
@@ -26,21 +27,6 @@ from verispec.bench.store import (
 )
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def _key(**kw) -> RunKey:
-    base = dict(
-        dataset="gsm8k",
-        rule="cascade:0.5",
-        sampling="t=1.0",
-        gamma=4,
-        draft="d",
-        target="t",
-        max_new_tokens=256,
-        seed=0,
-    )
-    base.update(kw)
-    return RunKey(**base)
 
 
 def _rec(run_id: str, pid: str, k: int, **kw) -> SampleRecord:
@@ -70,7 +56,7 @@ def _rec(run_id: str, pid: str, k: int, **kw) -> SampleRecord:
 
 
 def test_run_id_is_stable_short_sha256_of_canonical_json():
-    k = _key()
+    k = run_key()
     canon = k.canonical_json()
     assert json.loads(canon) == {
         "dataset": "gsm8k", "rule": "cascade:0.5", "sampling": "t=1.0", "gamma": 4, "draft": "d",
@@ -78,12 +64,12 @@ def test_run_id_is_stable_short_sha256_of_canonical_json():
     }
     assert canon == json.dumps(json.loads(canon), sort_keys=True, separators=(",", ":"))
     assert k.run_id == hashlib.sha256(canon.encode()).hexdigest()[:16]
-    assert k.run_id == _key().run_id  # deterministic
+    assert k.run_id == run_key().run_id  # deterministic
     # every field takes part in the identity
     variants = [
-        _key(dataset="math"), _key(rule="cascade:0.6"), _key(sampling="t=0.7"), _key(gamma=5),
-        _key(draft="d2"), _key(target="t2"), _key(max_new_tokens=512), _key(seed=1),
-        _key(role="baseline"),
+        run_key(dataset="math"), run_key(rule="cascade:0.6"), run_key(sampling="t=0.7"), run_key(gamma=5),
+        run_key(draft="d2"), run_key(target="t2"), run_key(max_new_tokens=512), run_key(seed=1),
+        run_key(role="baseline"),
     ]
     ids = {v.run_id for v in variants} | {k.run_id}
     assert len(ids) == len(variants) + 1
@@ -93,11 +79,11 @@ def test_run_id_is_stable_short_sha256_of_canonical_json():
 
 def test_run_key_validation():
     with pytest.raises(ValueError):
-        _key(role="nonsense")
+        run_key(role="nonsense")
     with pytest.raises(TypeError):
-        _key(gamma="4")
+        run_key(gamma="4")
     with pytest.raises(TypeError):
-        _key(seed=True)
+        run_key(seed=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -131,9 +117,9 @@ def test_schema_and_pragmas(tmp_path):
 
 def test_register_run_idempotent_and_pairing(tmp_path):
     st = ResultStore(tmp_path / "r.sqlite")
-    base = _key(rule="target-only", sampling="t=1.0,min_p=0.5", gamma=0, role="baseline")
-    ref = _key(rule="lossless", role="lossless_ref")
-    meth = _key()
+    base = run_key(rule="target-only", sampling="t=1.0,min_p=0.5", gamma=0, role="baseline")
+    ref = run_key(rule="lossless", role="lossless_ref")
+    meth = run_key()
     b_id = st.register_run(base)
     r_id = st.register_run(ref)
     m_id = st.register_run(meth, {"baseline": b_id})
@@ -151,7 +137,7 @@ def test_register_run_idempotent_and_pairing(tmp_path):
 
 def test_add_roundtrip_noop_on_duplicate(tmp_path):
     st = ResultStore(tmp_path / "r.sqlite")
-    rid = st.register_run(_key())
+    rid = st.register_run(run_key())
     r1 = _rec(rid, "p1", 0)
     r2 = _rec(rid, "p1", 1, correct=False, extracted=None, accepted_hist=[], meta={})
     r3 = _rec(rid, "p0", 0, output="ünïcödé ✓\n" * 3, meta={"nested": {"a": [1, 2]}})
@@ -175,7 +161,7 @@ def test_add_requires_registered_run_and_serialises_numpy_meta(tmp_path):
     st = ResultStore(tmp_path / "r.sqlite")
     with pytest.raises(sqlite3.IntegrityError):
         st.add(_rec("unregistered", "p", 0))
-    rid = st.register_run(_key())
+    rid = st.register_run(run_key())
     st.add(_rec(rid, "p", 0, meta={"x": np.float32(1.5), "v": np.arange(3)}))
     assert st.samples(rid)[0].meta == {"x": 1.5, "v": [0, 1, 2]}
     with pytest.raises(ValueError):
@@ -187,7 +173,7 @@ def test_add_requires_registered_run_and_serialises_numpy_meta(tmp_path):
 def test_two_handles_see_each_others_writes(tmp_path):
     path = tmp_path / "r.sqlite"
     a, b = ResultStore(path), ResultStore(path)
-    rid = a.register_run(_key())
+    rid = a.register_run(run_key())
     assert a.add(_rec(rid, "p", 0))
     assert b.done(rid) == {("p", 0)}
     assert b.add(_rec(rid, "p", 0)) is False
@@ -204,7 +190,7 @@ def test_from_stats_fills_columns_and_keeps_the_whole_stats_dict(tmp_path):
                 accepted_hist=[1, 0, 1, 1], wall_s=0.4, draft_s=0.1, verify_s=0.2, stop_reason="length",
                 cost_model_speedup=1.7)
     with ResultStore(tmp_path / "r.sqlite") as st:
-        rid = st.register_run(_key())
+        rid = st.register_run(run_key())
         rec = SampleRecord.from_stats(rid, "p", 0, output="x", extracted=None, correct=True,
                                       stats=st_.to_dict(), meta={"seed": 3})
         assert (rec.new_tokens, rec.target_calls, rec.draft_calls, rec.accepted_hist) == (7, 3, 9, [1, 0, 1, 1])
@@ -217,47 +203,9 @@ def test_from_stats_fills_columns_and_keeps_the_whole_stats_dict(tmp_path):
 
 
 # A version-1 store exactly as verispec 0.1 wrote it (RunKey with baseline_of, no stats column).
-_V1_SQL = """
-CREATE TABLE schema_version (version INTEGER NOT NULL);
-CREATE TABLE runs (run_id TEXT PRIMARY KEY, key_json TEXT NOT NULL, pair_json TEXT NOT NULL DEFAULT '{}',
-                   created_at REAL NOT NULL);
-CREATE TABLE samples (run_id TEXT NOT NULL REFERENCES runs(run_id), problem_id TEXT NOT NULL,
-    sample_idx INTEGER NOT NULL, output TEXT NOT NULL, extracted TEXT,
-    correct INTEGER NOT NULL CHECK (correct IN (0, 1)), new_tokens INTEGER NOT NULL,
-    target_calls INTEGER NOT NULL, draft_calls INTEGER NOT NULL, accepted_hist TEXT NOT NULL,
-    wall_s REAL NOT NULL, draft_s REAL NOT NULL, verify_s REAL NOT NULL, other_s REAL NOT NULL,
-    meta TEXT NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (run_id, problem_id, sample_idx));
-INSERT INTO schema_version VALUES (1);
-"""
-
-
-def _v1_key_json(key: RunKey, baseline_of=None) -> tuple[str, str]:
-    d = {**key.to_dict(), "baseline_of": baseline_of}
-    canon = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canon.encode()).hexdigest()[:16], canon
-
-
-def _write_v1_store(path: Path, baseline_of=None) -> dict:
-    con = sqlite3.connect(path)
-    con.executescript(_V1_SQL)
-    base = _key(rule="target-only", sampling="t=1.0,min_p=0.5", gamma=0, role="baseline")
-    meth = _key()
-    b_old, b_json = _v1_key_json(base)
-    m_old, m_json = _v1_key_json(meth, baseline_of)
-    con.execute("INSERT INTO runs VALUES (?, ?, '{}', 1.0)", (b_old, b_json))
-    con.execute("INSERT INTO runs VALUES (?, ?, ?, 2.0)", (m_old, m_json, json.dumps({"baseline": b_old})))
-    meta = {"stop_reason": "length", "cost_model_speedup": 2.5, "rule_s": 0.01, "difficulty": 3}
-    for rid, ok in ((b_old, 1), (m_old, 0)):
-        con.execute("INSERT INTO samples VALUES (?, 'p0', 0, 'out', '42', ?, 12, 4, 16, '[1, 0, 3]', "
-                    "0.5, 0.1, 0.3, 0.1, ?, 3.0)", (rid, ok, json.dumps(meta)))
-    con.commit()
-    con.close()
-    return {"base": base, "meth": meth, "b_old": b_old, "m_old": m_old}
-
-
 def test_version_1_store_is_migrated_in_place_with_a_backup(tmp_path):
     path = tmp_path / "results.sqlite"
-    v1 = _write_v1_store(path)
+    v1 = write_v1_store(path)
     assert v1["b_old"] != v1["base"].run_id  # dropping baseline_of changes every run id
     with ResultStore(path) as st:
         assert st.schema_version == SCHEMA_VERSION
@@ -288,7 +236,7 @@ def test_version_1_store_is_migrated_in_place_with_a_backup(tmp_path):
 
 def test_version_1_store_with_baseline_of_set_is_refused_untouched(tmp_path):
     path = tmp_path / "results.sqlite"
-    _write_v1_store(path, baseline_of="someone")
+    write_v1_store(path, baseline_of="someone")
     with pytest.raises(StoreError, match="baseline_of") as err:
         ResultStore(path)
     assert str(path) in str(err.value) and "move the file aside" in str(err.value)

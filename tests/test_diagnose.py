@@ -540,7 +540,7 @@ def test_run_diagnose_on_fake_models_with_bench_correlation(tmp_path):
     """The whole command below the CLI: problems from a JSONL, (p, q) recorded through the engine, every
     output written, the corpus reused on a re-run, and the accuracy gaps of a bench read through the
     reader the CLI passes in (the bench sits above diagnose)."""
-    from tests.test_bench_runner import config, fake_models
+    from tests.helpers.bench_fakes import config, fake_models
     from verispec.bench import runner
     from verispec.bench.cli import accuracy_gaps
     from verispec.diagnose.run import DiagnoseConfig, run_diagnose
@@ -569,7 +569,7 @@ def test_run_diagnose_on_fake_models_with_bench_correlation(tmp_path):
 def test_run_diagnose_with_a_batch_size_records_the_corpus_of_one_at_a_time(tmp_path):
     """diagnose --batch-size: prompts decoded together on batched backends record the same corpus (exact
     fake models) and the same diagnostics as one prompt at a time."""
-    from tests.test_bench_runner import batched_fake_models, config
+    from tests.helpers.bench_fakes import batched_fake_models, config
     from verispec.diagnose.run import DiagnoseConfig, run_diagnose
 
     bench_cfg = config(tmp_path, n_rows=5)

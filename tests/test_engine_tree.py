@@ -317,7 +317,7 @@ def test_run_diagnose_with_a_tree_writes_the_tree_form_and_reuses_its_corpus(tmp
     """``diagnose --tree``: chain and tree corpora recorded through the engine, tree_form.{json,md,png}
     written, rules without a tree form reported with the reason, the tree corpus reused on a re-run
     (also when the spec is written differently), sampled trees refused."""
-    from tests.test_bench_runner import config, fake_models
+    from tests.helpers.bench_fakes import config, fake_models
     from verispec.diagnose.run import DiagnoseConfig, run_diagnose
 
     data = config(tmp_path, rules=["lossless"], n_rows=3)
@@ -351,7 +351,7 @@ def test_run_diagnose_with_a_tree_writes_the_tree_form_and_reuses_its_corpus(tmp
 def test_bench_plans_and_runs_gamma_auto_beside_fixed_gamma(tmp_path, monkeypatch):
     """``bench --gamma auto``: SD runs keyed apart from fixed γ (fixed-γ run ids unchanged), run with the
     cost profile, reported as γ = auto."""
-    from tests.test_bench_runner import DigitLM, config, fake_models
+    from tests.helpers.bench_fakes import DigitLM, config, fake_models
     from verispec.bench import runner
     from verispec.bench.rows import collect_rows
     from verispec.bench.store import RunKey

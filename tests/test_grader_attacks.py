@@ -24,34 +24,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.grading import CORRECT_HE0, DATA, HE0, fenced, needs_data, problem
 from verispec.tasks.checkers import check, coding
-from verispec.tasks.datasets import Problem, load_dataset
+from verispec.tasks.datasets import Problem
 from verispec.tasks.sandbox import UNSAFE_ENV, UNSAFE_FLAG, is_sandbox_uid, run_python, sandbox_info
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
-DATA = Path(os.environ.get("VERISPEC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"benchmark data not found at {DATA}")
 IS_ROOT = os.geteuid() == 0
-_CACHE: dict[str, dict[str, Problem]] = {}
 
-
-def problem(dataset: str, pid: str) -> Problem:
-    if dataset not in _CACHE:
-        _CACHE[dataset] = {p.id: p for p in load_dataset(dataset, data_dir=DATA).problems}
-    return _CACHE[dataset][pid]
-
-
-def fenced(src: str) -> str:
-    return "```python\n" + src.strip("\n") + "\n```"
-
-
-HE0 = [("humaneval", "HumanEval/0"), ("humaneval_plus", "HumanEval/0")]
-CORRECT_HE0 = """
-def has_close_elements(numbers, threshold):
-    s = sorted(numbers)
-    return any(b - a < threshold for a, b in zip(s, s[1:]))
-"""
 
 # ==========================================================================================
 # Completions that try to forge their grade
@@ -566,14 +547,11 @@ def test_fallback_kills_a_background_interpreter_and_gives_each_run_its_own_uid(
 def test_attack_count():
     """How many attacks the suite holds (the sandbox's own containment tests of issue 14, in
     tests/test_sandbox.py, come on top)."""
-    from tests.test_grader_channel import CHANNEL
-
     counts = {
         "completions": len(COMPLETIONS) + 1,  # + iterators compared as text (test_opaque_outputs_never_equal)
         # + config on a command line, fallback without opt-in (run and grader), fallback background
         # process / shared uid, the dataset cheat under the fallback
         "sandbox programs": len(PROGRAMS) + 5,
-        "report channel": len(CHANNEL),
-    }
+    }    # the 7 report-channel attacks: tests/test_grader_channel.py
     print(f"attack suite: {sum(counts.values())} attacks {counts}")
-    assert counts == {"completions": 15, "sandbox programs": 13, "report channel": 7}
+    assert counts == {"completions": 15, "sandbox programs": 13}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.test_grader_attacks import CORRECT_HE0, HE0, fenced, needs_data, problem
+from tests.helpers.grading import CORRECT_HE0, HE0, fenced, needs_data, problem
 from verispec.tasks.checkers import check
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
@@ -118,3 +118,8 @@ def test_the_largest_admitted_lines_cost_bounded_memory(case):
         tracemalloc.stop()
     assert peak < CHANNEL_MEMORY, f"{peak >> 20} MiB"
     assert time.monotonic() - t0 < CHANNEL_SECONDS
+
+
+def test_channel_attack_count():
+    """The report-channel attacks the suite holds (the others: tests/test_grader_attacks.py)."""
+    assert len(CHANNEL) == 7

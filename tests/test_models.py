@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.embedded_parts import fake_embedded_parts
 from tests.helpers.tiny_hf import tiny_char_tokenizer, tiny_hf_model
 from verispec.models import Backend, check_compatible, load_backend
 from verispec.models import embedded as emb
@@ -202,20 +202,9 @@ def test_llama_backend_missing_file(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Embedded GGUF assembly
 # --------------------------------------------------------------------------------------------------
-def _fake_parts(tmp_path: Path, monkeypatch, blobs: list[bytes]) -> str:
-    parts = []
-    for k, blob in enumerate(blobs, 1):
-        p = tmp_path / "parts" / f"part{k:02d}.bin"
-        p.parent.mkdir(exist_ok=True)
-        p.write_bytes(blob)
-        parts.append(p)
-    monkeypatch.setattr(emb, "part_paths", lambda role: list(parts))
-    return hashlib.sha256(b"".join(blobs)).hexdigest()
-
-
 def test_assembly_concatenates_verifies_and_stamps(tmp_path, monkeypatch):
     blobs = [os.urandom(1000), os.urandom(3), os.urandom(20000)]
-    digest = _fake_parts(tmp_path, monkeypatch, blobs)
+    digest = fake_embedded_parts(tmp_path, monkeypatch, blobs)
     cache = tmp_path / "cache"
     path = emb.embedded_model_path("draft", cache_dir=cache, progress=False, expected_sha256=digest)
     assert path.parent == cache and path.read_bytes() == b"".join(blobs)
@@ -232,7 +221,7 @@ def test_assembly_concatenates_verifies_and_stamps(tmp_path, monkeypatch):
 
 def test_assembly_rebuilds_corrupt_file_of_right_size(tmp_path, monkeypatch):
     blobs = [b"a" * 100, b"b" * 50]
-    digest = _fake_parts(tmp_path, monkeypatch, blobs)
+    digest = fake_embedded_parts(tmp_path, monkeypatch, blobs)
     cache = tmp_path / "cache"
     cache.mkdir()
     dest = cache / emb.EMBEDDED_MODELS["target"].filename
@@ -243,7 +232,7 @@ def test_assembly_rebuilds_corrupt_file_of_right_size(tmp_path, monkeypatch):
 
 def test_assembly_wrong_digest_raises_and_cleans_up(tmp_path, monkeypatch):
     blobs = [b"hello ", b"world"]
-    actual = _fake_parts(tmp_path, monkeypatch, blobs)
+    actual = fake_embedded_parts(tmp_path, monkeypatch, blobs)
     cache = tmp_path / "cache"
     wrong = "0" * 64
     with pytest.raises(ValueError, match=f"(?s)expected {wrong}.*got {actual}"):
