@@ -20,6 +20,7 @@ from verispec.engine.tree import TreeSpec
 from verispec.rules import Rule
 from verispec.rules import get as get_rule
 from verispec.rules.tree import DETERMINISTIC
+from verispec.settings import MAX_GAMMA
 
 
 class DraftHead(Protocol):
@@ -144,8 +145,9 @@ def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeSpec | 
         gamma = costs.g_max
     elif spec is not None or head is not None:
         gamma = spec.depth if spec is not None else head.depth
-    elif isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1 or 'auto', got {gamma!r}")
+    elif isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"gamma (draft tokens per step) must be an integer in 1..{MAX_GAMMA} or 'auto', "
+                         f"got {gamma!r}")
     elif costs is not None and gamma > costs.g_max:
         raise ValueError(f"the cost profile covers γ = 1..{costs.g_max}, got gamma={gamma}")
     rule = get_rule(rule)
