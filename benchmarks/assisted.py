@@ -70,7 +70,7 @@ import torch  # noqa: E402
 
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.engine.ngram import NgramDrafter  # noqa: E402
-from verispec.engine.tree import TreeSpec  # noqa: E402
+from verispec.engine.tree import TreeShape  # noqa: E402
 from verispec.models.cpu_linear import WeightMajorLinear  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
         modes[f"verispec auto, {rule}"] = ours("auto", rule=rule)
         modes[f"verispec γ={g}, {rule}"] = ours("fixed", rule=rule)
     for spec in filter(None, (t.strip() for t in args.trees.split(";"))):
-        modes[f"verispec tree {spec}"] = ours("fixed", TreeSpec.parse(spec))
+        modes[f"verispec tree {spec}"] = ours("fixed", TreeShape.parse(spec))
     modes["transformers default"] = theirs({})
     modes[f"transformers heuristic from γ={g}"] = theirs(
         {"num_assistant_tokens": g, "num_assistant_tokens_schedule": "heuristic_transient",

@@ -22,7 +22,7 @@ from verispec.runtime import tune_process
 tune_process()
 
 from verispec.engine import generate, generate_target_only  # noqa: E402
-from verispec.engine.tree import TreeSpec  # noqa: E402
+from verispec.engine.tree import TreeShape  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 from verispec.settings import ModelSettings  # noqa: E402
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     print("  " + "  ".join(f"m={m}: {1e3 * s:.0f} ms ({s / t1:.2f}x)" for m, s in costs.items()), flush=True)
 
     shapes = [("target-only", None), (f"chain γ={args.depth}", f"iid:{','.join(['1'] * args.depth)}")]
-    shapes += [(TreeSpec.parse(t).spec(), t) for t in args.trees.split(";") if t.strip()]
+    shapes += [(TreeShape.parse(t).text(), t) for t in args.trees.split(";") if t.strip()]
     rates: dict = {label: [] for label, _ in shapes}
     totals: dict = {label: {"tokens": 0, "calls": 0, "nodes": 0, "steps": 0, "draft_s": 0.0} for label, _ in shapes}
     for rnd in range(args.rounds):

@@ -11,7 +11,7 @@ from tests.helpers.fake_lm import FakeLM
 from tests.helpers.laws import assert_law, exact_prefix_law, sample_prefixes
 from tests.helpers.rule_cases import gof_pvalue
 from verispec.engine import generate, generate_target_only
-from verispec.engine.tree import TreeSpec, grow_tree
+from verispec.engine.tree import TreeShape, grow_tree
 from verispec.sampling import SamplingConfig
 
 T1 = SamplingConfig.parse("temperature=1")
@@ -29,54 +29,54 @@ TREES = ["4,2,2,1", "topk:2,2", "iid:3,2", "wor:3,2", "dynamic:top_k=3,depth=4,n
     ("dynamic", "dynamic", "deterministic", 5, 60),
     ("dynamic:4,3,20", "dynamic", "deterministic", 3, 20),
 ])
-def test_tree_specs_parse_and_round_trip(text, kind, scheme, depth, nodes):
-    spec = TreeSpec.parse(text)
-    assert (spec.kind, spec.scheme, spec.depth, spec.max_nodes) == (kind, scheme, depth, nodes)
-    assert TreeSpec.parse(spec.spec()) == spec
+def test_tree_shapes_parse_and_round_trip(text, kind, scheme, depth, nodes):
+    shape = TreeShape.parse(text)
+    assert (shape.kind, shape.scheme, shape.depth, shape.max_nodes) == (kind, scheme, depth, nodes)
+    assert TreeShape.parse(shape.text()) == shape
 
 
 def test_a_chain_is_the_tree_with_one_sampled_child_per_node():
-    assert TreeSpec.parse("iid:1,1,1") == TreeSpec.chain(3)
-    assert TreeSpec.chain(3).is_chain and not TreeSpec.parse("topk:1,1,1").is_chain
+    assert TreeShape.parse("iid:1,1,1") == TreeShape.chain(3)
+    assert TreeShape.chain(3).is_chain and not TreeShape.parse("topk:1,1,1").is_chain
 
 
 @pytest.mark.parametrize("text, words", [
     ("", "empty"), ("bogus:2", "unknown tree kind"), ("4,0", ">= 1"), ("4,x", "integers"),
     ("dynamic:top_k=0", "top_k"), ("dynamic:nodes=1000", "nodes"), ("16,16", "at most 255"),
 ])
-def test_bad_tree_specs_are_refused_clearly(text, words):
+def test_bad_tree_shapes_are_refused_clearly(text, words):
     with pytest.raises(ValueError, match=words):
-        TreeSpec.parse(text)
+        TreeShape.parse(text)
 
 
 # -- growth ------------------------------------------------------------------------------------------
 def _grow(text, *, vocab=12, seed=0, max_depth=None):
     draft = FakeLM(vocab=vocab, seed=7)
     draft.forward([1, 2])
-    prop = grow_tree(draft, [3], TreeSpec.parse(text), T1, vocab, torch.Generator().manual_seed(seed),
+    prop = grow_tree(draft, [3], TreeShape.parse(text), T1, vocab, torch.Generator().manual_seed(seed),
                      max_depth=max_depth)
     return draft, prop
 
 
 @pytest.mark.parametrize("text", TREES)
 def test_grown_trees_have_the_promised_shape(text):
-    spec = TreeSpec.parse(text)
+    shape = TreeShape.parse(text)
     draft, prop = _grow(text)
     depths = prop.depths()
     assert all(par < i for i, par in enumerate(prop.parents))            # parents first
-    assert prop.n_nodes <= spec.max_nodes
-    assert max(depths) == spec.depth - 1 if spec.kind == "static" else max(depths) <= spec.depth - 1
+    assert prop.n_nodes <= shape.max_nodes
+    assert max(depths) == shape.depth - 1 if shape.kind == "static" else max(depths) <= shape.depth - 1
     assert prop.q.shape == (prop.n_nodes + 1, 12)
     torch.testing.assert_close(prop.q.sum(-1), torch.ones(prop.n_nodes + 1))
-    if spec.kind == "static":
-        for node in [-1] + [i for i in range(prop.n_nodes) if depths[i] < spec.depth - 1]:
+    if shape.kind == "static":
+        for node in [-1] + [i for i in range(prop.n_nodes) if depths[i] < shape.depth - 1]:
             d = 0 if node < 0 else depths[node] + 1
-            assert len(prop.children(node)) == spec.branching[d]
+            assert len(prop.children(node)) == shape.branching[d]
     # the draft model saw the expanded nodes once each (dynamic: also expanded nodes not kept), one
     # forward per depth but the last, plus the root's
     kept_seen = sum(1 for i in prop.in_draft if i >= 0)
-    assert draft.n_tree == kept_seen if spec.kind == "static" else draft.n_tree >= kept_seen
-    assert prop.draft_forwards == spec.depth
+    assert draft.n_tree == kept_seen if shape.kind == "static" else draft.n_tree >= kept_seen
+    assert prop.draft_forwards == shape.depth
     for i, j in enumerate(prop.in_draft):
         if j >= 0:
             assert draft.tree[j][0] == prop.tokens[i]

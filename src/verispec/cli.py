@@ -104,10 +104,10 @@ def cmd_generate(args) -> int:
         raise ValueError("--gamma auto chooses γ from the cost model: drop --no-cost-model")
     head = None
     if args.draft_head and not args.baseline:
-        from verispec.engine.tree import TreeSpec
+        from verispec.engine.tree import TreeShape
         from verispec.models.eagle3 import load_head_pair
 
-        shape = TreeSpec.parse(args.tree or "dynamic")
+        shape = TreeShape.parse(args.tree or "dynamic")
         if shape.kind != "dynamic":
             raise ValueError("an EAGLE-3 head grows dynamic trees: --tree dynamic:top_k=..,depth=..,nodes=..")
         target, head = load_head_pair(args.target, args.draft_head, device=args.device, dtype=args.dtype,

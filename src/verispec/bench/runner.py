@@ -44,8 +44,8 @@ from verispec.bench.executors import (
 )
 from verispec.bench.store import ResultStore, RunKey
 from verispec.engine.costs import DEFAULT_G_MAX
-from verispec.engine.tree import TreeSpec
-from verispec.models import check_model_specs, is_ngram_draft
+from verispec.engine.tree import TreeShape
+from verispec.models import check_model_sources, is_ngram_draft
 from verispec.outputs import OutputError, atomic_path, check_out_dir, ensure_out_dir, os_error_text, write_text_atomic
 from verispec.sampling import SamplingConfig
 from verispec.settings import MAX_GAMMA, ClusterSettings, DataSettings, ModelSettings, check_token_budget
@@ -110,13 +110,13 @@ class BenchConfig(DataSettings, ModelSettings):
         for s in self.samplings:
             SamplingConfig.parse(s)
         for t in self.trees:
-            spec = TreeSpec.parse(t)
-            if spec.is_chain:
+            shape = TreeShape.parse(t)
+            if shape.is_chain:
                 continue
             if self.lookup or is_ngram_draft(self.draft):
-                raise ValueError(f"prompt lookup drafts chains; it does not combine with tree {spec.spec()}")
+                raise ValueError(f"prompt lookup drafts chains; it does not combine with tree {shape.text()}")
             for rule in self.rules:
-                spec.check_rule(rule_registry.get(rule))
+                shape.check_rule(rule_registry.get(rule))
         for g in self.gammas:
             if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= MAX_GAMMA):
                 raise ValueError(f"gamma must be an integer in 1..{MAX_GAMMA} or 'auto', got {g!r}")
@@ -245,7 +245,7 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
         return key.run_id
 
     # a chain spec is the ordinary chain: same runs (and run ids) as --gamma
-    shapes = [(s.spec() if not s.is_chain else "", s.depth) for s in map(TreeSpec.parse, cfg.trees)]
+    shapes = [(s.text() if not s.is_chain else "", s.depth) for s in map(TreeShape.parse, cfg.trees)]
     grid = shapes or [("", g) for g in cfg.gammas]
     for dataset, sampling_spec, (tree, gamma) in itertools.product(cfg.datasets, cfg.samplings, grid):
         sampling = SamplingConfig.parse(sampling_spec)
@@ -267,8 +267,8 @@ def plan_runs(cfg: BenchConfig, draft_name: str, target_name: str) -> list[Plann
     return list(runs.values())
 
 
-def model_label(spec: str | None, role: str) -> str:
-    return spec if spec else f"embedded-{role}"
+def model_label(source: str | None, role: str) -> str:
+    return source if source else f"embedded-{role}"
 
 
 class Bench:
@@ -309,7 +309,7 @@ class Bench:
     def plan(self, *, check_models: bool = False) -> list[PlannedRun]:
         """Everything the run checks before it decodes, without writing anything: the settings, the
         combination with the cluster settings, the output folder, the problems (loaded) and, with
-        ``check_models``, the model files (:func:`verispec.models.check_model_specs`). A dry run is
+        ``check_models``, the model files (:func:`verispec.models.check_model_sources`). A dry run is
         this: it refuses what the run would refuse."""
         if self.cluster is not None and self.cluster.batch_size is not None and not self.cluster.distributed:
             check_batchable(self.cfg)
@@ -326,7 +326,7 @@ class Bench:
         if any(p.checker == "code" for problems in self.problems.values() for p in problems):
             require_contained()     # code is graded in the sandbox: refused here where it cannot hold it
         if check_models:
-            check_model_specs(self.cfg, need_draft=bool(self.cfg.rules or self.cfg.lossless_ref))
+            check_model_sources(self.cfg, need_draft=bool(self.cfg.rules or self.cfg.lossless_ref))
         draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")
         return plan_runs(self.cfg, draft_name, model_label(self.cfg.target, "target"))
 

@@ -158,7 +158,7 @@ class RunKey:
     max_new_tokens: int
     seed: int
     role: str = "method"  # "method" | "baseline" | "target_only" | "lossless_ref"
-    tree: str = ""        # draft tree spec (TreeSpec.spec()); "" = a chain of gamma tokens
+    tree: str = ""        # draft tree shape (TreeShape.text()); "" = a chain of gamma tokens
     gamma_policy: str = ""  # "auto": γ chosen per step by the cost model, up to ``gamma``; "" = fixed γ
 
     def __post_init__(self) -> None:

@@ -53,9 +53,9 @@ class DiagnoseConfig(DataSettings, ModelSettings):
     tree: str | None = None   # also record trees of this spec and report each rule's tree form
 
     def tree_corpus_key(self) -> dict:
-        from verispec.engine.tree import TreeSpec
+        from verispec.engine.tree import TreeShape
 
-        key = {**self.corpus_key(), "tree": TreeSpec.parse(self.tree).spec()}
+        key = {**self.corpus_key(), "tree": TreeShape.parse(self.tree).text()}
         del key["gamma"]   # a tree has its own depth
         return key
 
@@ -99,9 +99,9 @@ def run_diagnose(cfg: DiagnoseConfig, *, progress: bool = True, log=None, load_m
         raise ValueError("diagnose measures rules on the draft model's distribution q; prompt lookup has none "
                          "(drop --draft ngram / --lookup)")
     if cfg.tree:
-        from verispec.engine.tree import TreeSpec
+        from verispec.engine.tree import TreeShape
 
-        if TreeSpec.parse(cfg.tree).scheme != "deterministic":
+        if TreeShape.parse(cfg.tree).scheme != "deterministic":
             raise ValueError(f"diagnose measures tree forms on deterministic candidates (topk:... or dynamic:...); "
                              f"{cfg.tree!r} samples its children, whose law is an average over draws that one "
                              "recorded tree cannot show")

@@ -112,10 +112,10 @@ def collect_tree_corpus(target, draft, problems: Iterable[Any], *, sampling, tre
                         seed: int, progress: bool = True) -> TreeCorpus:
     """Generate each problem with lossless SD on ``tree`` and record every verified tree."""
     from verispec.engine import generate
-    from verispec.engine.tree import TreeSpec
+    from verispec.engine.tree import TreeShape
 
-    spec = TreeSpec.parse(tree)
-    corpus = TreeCorpus(PositionRecorder(), tree=spec.spec())
+    shape = TreeShape.parse(tree)
+    corpus = TreeCorpus(PositionRecorder(), tree=shape.text())
     problems = list(problems)
     bar = None
     if progress:
@@ -132,7 +132,7 @@ def collect_tree_corpus(target, draft, problems: Iterable[Any], *, sampling, tre
                 step_id[0] += 1
 
             generate(target, draft, target.chat_prompt(problem.prompt), rule="lossless", sampling=sampling,
-                     tree=spec, max_new_tokens=max_new_tokens, stop=tuple(getattr(problem, "stop", ()) or ()),
+                     tree=shape, max_new_tokens=max_new_tokens, stop=tuple(getattr(problem, "stop", ()) or ()),
                      seed=seed, observers=[observe])
             if bar is not None:
                 bar.update(1)

@@ -11,8 +11,8 @@ from verispec.engine.gamma import AutoGamma, LookupGamma, best_gamma, expected_t
 from verispec.engine.generate import generate, generate_target_only
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.stats import Stats
-from verispec.engine.tree import TreeSpec
+from verispec.engine.tree import TreeShape
 
 __all__ = ["generate", "generate_target_only", "generate_batch", "generate_target_only_batch", "GenerationResult",
            "BatchResult", "Stats", "VerifiedStep", "Observer", "CostProfile", "measure_profile", "measure_costs",
-           "cached_profile", "AutoGamma", "LookupGamma", "best_gamma", "expected_tokens", "NgramDrafter", "TreeSpec"]
+           "cached_profile", "AutoGamma", "LookupGamma", "best_gamma", "expected_tokens", "NgramDrafter", "TreeShape"]

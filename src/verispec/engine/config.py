@@ -1,7 +1,7 @@
 """What a speculative-decoding call asks for, checked and resolved before any model runs.
 
 :func:`resolve` turns the arguments of :func:`verispec.engine.generate` that describe the drafting --
-the rule, ``gamma`` (an integer, ``"auto"`` or an :class:`AutoGamma`), a tree spec, ``draft_stop``, the
+the rule, ``gamma`` (an integer, ``"auto"`` or an :class:`AutoGamma`), a tree shape, ``draft_stop``, the
 cost profile, and which draft sources exist -- into one :class:`SDConfig`, refusing every combination
 that has no meaning with a message that says what to drop or add. It needs no model, so every rule of
 combination is tested on its own. :meth:`SDConfig.plan` then gives each generation its
@@ -16,7 +16,7 @@ from typing import Protocol
 from verispec.engine.costs import CostProfile
 from verispec.engine.gamma import AutoGamma, LookupGamma
 from verispec.engine.plan import DraftPlan
-from verispec.engine.tree import TreeSpec
+from verispec.engine.tree import TreeShape
 from verispec.rules import Rule
 from verispec.rules import get as get_rule
 from verispec.rules.tree import DETERMINISTIC
@@ -51,7 +51,7 @@ class SDConfig:
 
     rule: Rule
     gamma: int
-    tree: TreeSpec | None = None
+    tree: TreeShape | None = None
     tree_label: str = ""
     draft_stop: float = 0.0
     auto: bool = False
@@ -87,7 +87,7 @@ class SDConfig:
         return DraftPlan(self.gamma, policy=policy, lookup=lookup, profile=self.profile)
 
 
-def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeSpec | str | None,
+def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeShape | str | None,
             draft_stop: float | str, costs: CostProfile | None, draft: bool, lookup: bool,
             head: DraftHead | None) -> SDConfig:
     """Check and resolve the drafting arguments of :func:`verispec.engine.generate` (its docstring says
@@ -97,16 +97,16 @@ def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeSpec | 
     if (tree is not None or head is not None) and (user_policy is not None or wants_auto):
         raise ValueError("gamma='auto' chooses the length of a chain; it does not apply to --tree or a head "
                          "(drop one)")
-    spec = TreeSpec.parse(tree) if tree is not None else None
-    if spec is not None and spec.is_chain:
-        gamma, spec = spec.depth, None
+    shape = TreeShape.parse(tree) if tree is not None else None
+    if shape is not None and shape.is_chain:
+        gamma, shape = shape.depth, None
     if not draft and not lookup and head is None:
         raise ValueError("no draft source: pass a draft model, lookup=NgramDrafter() for prompt lookup, "
                          "or head= an EAGLE-3 drafter")
-    if head is not None and (draft or spec is not None):
+    if head is not None and (draft or shape is not None):
         raise ValueError("an EAGLE-3 head drafts its own trees (its top_k, depth, nodes): drop the draft model "
-                         "and the tree spec")
-    if lookup and spec is not None:
+                         "and the tree shape")
+    if lookup and shape is not None:
         raise ValueError("prompt lookup drafts chains; it does not combine with a tree (drop one)")
     if not draft and user_policy is not None:
         raise ValueError("an AutoGamma policy chooses the draft model's chains: with prompt lookup alone pass "
@@ -120,7 +120,7 @@ def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeSpec | 
     stop_auto = draft_stop == "auto"
     fixed_cap = None
     if stop_auto:
-        if spec is not None or head is not None or not draft:
+        if shape is not None or head is not None or not draft:
             raise ValueError("draft_stop='auto' decides where the draft model's chain ends: it does not apply to "
                              "trees, heads or prompt lookup alone")
         if costs is None:
@@ -143,27 +143,27 @@ def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeSpec | 
         pass
     elif auto or lookup_auto:
         gamma = costs.g_max
-    elif spec is not None or head is not None:
-        gamma = spec.depth if spec is not None else head.depth
+    elif shape is not None or head is not None:
+        gamma = shape.depth if shape is not None else head.depth
     elif isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"gamma (draft tokens per step) must be an integer in 1..{MAX_GAMMA} or 'auto', "
                          f"got {gamma!r}")
     elif costs is not None and gamma > costs.g_max:
         raise ValueError(f"the cost profile covers γ = 1..{costs.g_max}, got gamma={gamma}")
     rule = get_rule(rule)
-    if rule.needs_raw and (spec is not None or head is not None or lookup):
+    if rule.needs_raw and (shape is not None or head is not None or lookup):
         raise ValueError(f"rule {rule.spec()!r} reads the draft's raw distribution: it runs on chains of a draft "
                          "model only (no tree, head or prompt lookup)")
-    if spec is not None:
-        spec.check_rule(rule)
-    label = spec.spec() if spec is not None else ""
+    if shape is not None:
+        shape.check_rule(rule)
+    label = shape.text() if shape is not None else ""
     if head is not None:
         label = f"eagle3:top_k={head.top_k},depth={head.depth},nodes={head.nodes}"
-        TreeSpec("dynamic", DETERMINISTIC, top_k=head.top_k, depth_limit=head.depth, nodes=head.nodes).check_rule(rule)
+        TreeShape("dynamic", DETERMINISTIC, top_k=head.top_k, depth_limit=head.depth, nodes=head.nodes).check_rule(rule)
     if lookup:
-        TreeSpec("static", DETERMINISTIC, (1,) * gamma).check_rule(rule)
+        TreeShape("static", DETERMINISTIC, (1,) * gamma).check_rule(rule)
     if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)) or not 0.0 <= draft_stop < 1.0:
         raise ValueError(f"draft_stop is a draft probability in [0, 1) or 'auto', got {draft_stop!r}")
-    profile = costs if spec is None and head is None else None
-    return SDConfig(rule, gamma, spec, label, draft_stop, auto, stop_auto, fixed_cap, lookup_auto, profile,
+    profile = costs if shape is None and head is None else None
+    return SDConfig(rule, gamma, shape, label, draft_stop, auto, stop_auto, fixed_cap, lookup_auto, profile,
                     user_policy)

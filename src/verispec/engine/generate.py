@@ -38,7 +38,7 @@ from verispec.engine.gamma import AutoGamma
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.sources import DraftSources
 from verispec.engine.stats import Stats
-from verispec.engine.tree import LOOKUP, DraftProposal, TreeSpec
+from verispec.engine.tree import LOOKUP, DraftProposal, TreeShape
 from verispec.models.base import Backend, check_compatible, tokenizer_size
 from verispec.rules import Rule
 from verispec.rules.tree import DETERMINISTIC, DraftTree, verify_tree
@@ -92,7 +92,7 @@ def generate(
     seed: int = 0,
     vocab_width: int | None = None,
     costs: CostProfile | None = None,
-    tree: TreeSpec | str | None = None,
+    tree: TreeShape | str | None = None,
     lookup: NgramDrafter | None = None,
     head: DraftHead | None = None,
     draft_stop: float | str = 0.0,
@@ -103,7 +103,7 @@ def generate(
     ``gamma``: draft tokens per step, or ``"auto"``: chosen before every step by the cost model from
     ``costs`` (a :class:`CostProfile`) and the acceptance seen so far (:class:`AutoGamma`; a step may
     then also be a plain target step, ``g = 0``), or an :class:`AutoGamma` of one's own (fresh per
-    generation: it learns from the steps). ``tree`` (a :class:`TreeSpec` or its text, e.g.
+    generation: it learns from the steps). ``tree`` (a :class:`TreeShape` or its text, e.g.
     ``"dynamic:top_k=10,depth=5,nodes=60"``) drafts that tree instead of a chain of ``gamma`` tokens.
     ``vocab_width`` (from :func:`check_compatible`, computed when omitted) slices both models' logits
     to the shared vocabulary. ``costs`` (a :class:`CostProfile`) fills ``stats.cost_model_speedup`` for
@@ -141,7 +141,7 @@ def generate(
         run.check_prompt(draft)
     width = vocab_width or (check_compatible(target, draft) if draft is not None
                             else min(target.vocab_size, tokenizer_size(target)))
-    sources = DraftSources(target, draft, lookup=lookup, head=head, spec=cfg.tree, sampling=sampling, width=width,
+    sources = DraftSources(target, draft, lookup=lookup, head=head, shape=cfg.tree, sampling=sampling, width=width,
                            generator=run.gen, stats=stats, stop_below=cfg.draft_stop,
                            keep_drafting=plan.keep_drafting, keep_raw=cfg.keep_raw)
     target.reset()

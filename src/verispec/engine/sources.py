@@ -7,7 +7,7 @@ A step's draft comes from, in this order of preference:
 * **an EAGLE-3 head** (:class:`~verispec.models.eagle3.Eagle3Drafter`, ``head``): an EAGLE-2 dynamic
   tree grown from the target's own hidden states (deterministic candidates);
 * **a draft model** (a :class:`~verispec.models.base.Backend`, ``draft``): a chain of sampled tokens
-  or a tree of ``spec`` (:func:`~verispec.engine.tree.grow_tree`).
+  or a tree of ``shape`` (:func:`~verispec.engine.tree.grow_tree`).
 
 No proposal means a plain target step. Caches: the target holds every committed token but the last
 (the *root* of the next draft). The draft model lacks ``pending`` (the root, plus accepted nodes it
@@ -22,7 +22,7 @@ import torch
 
 from verispec.engine.ngram import NgramDrafter
 from verispec.engine.stats import Stats
-from verispec.engine.tree import HEAD, MODEL, DraftProposal, TreeSpec, grow_tree, lookup_proposal
+from verispec.engine.tree import HEAD, MODEL, DraftProposal, TreeShape, grow_tree, lookup_proposal
 from verispec.models.base import Backend
 from verispec.sampling import SamplingConfig
 from verispec.tree_nodes import ancestor_closed
@@ -32,11 +32,11 @@ class DraftSources:
     """The draft model, prompt lookup and/or EAGLE-3 head of one generation (see the module docstring)."""
 
     def __init__(self, target: Backend, draft: Backend | None, *, lookup: NgramDrafter | None, head,
-                 spec: TreeSpec | None, sampling: SamplingConfig, width: int, generator: torch.Generator,
+                 shape: TreeShape | None, sampling: SamplingConfig, width: int, generator: torch.Generator,
                  stats: Stats, stop_below: float = 0.0, keep_drafting=None, keep_raw: bool = False) -> None:
         self.target, self.draft, self.lookup, self.head = target, draft, lookup, head
         self.stop_below, self.keep_drafting, self.keep_raw = stop_below, keep_drafting, keep_raw
-        self.spec, self.sampling, self.width, self.gen, self.stats = spec, sampling, width, generator, stats
+        self.shape, self.sampling, self.width, self.gen, self.stats = shape, sampling, width, generator, stats
         self.pending: list[int] = []
         #: length of the suffix the last lookup proposal continued (0: no match)
         self.lookup_match = 0
@@ -89,7 +89,7 @@ class DraftSources:
             return _keep(proposal, [d < g and t < self.width for d, t in zip(depths, tokens)])
         if self.draft is None:
             return None
-        proposal = grow_tree(self.draft, self.pending, self.spec or TreeSpec.chain(g), self.sampling, self.width,
+        proposal = grow_tree(self.draft, self.pending, self.shape or TreeShape.chain(g), self.sampling, self.width,
                              self.gen, max_depth=g, timing=self.stats.timing, stop_below=self.stop_below,
                              keep_drafting=self.keep_drafting, keep_raw=self.keep_raw)
         self.stats.draft_calls += proposal.draft_forwards

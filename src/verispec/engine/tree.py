@@ -1,4 +1,4 @@
-"""Draft trees: the spec shared by the API and the CLI (``--tree``), and growing a tree with a draft model.
+"""Draft trees: their shape, shared by the API and the CLI (``--tree``), and growing a tree with a draft model.
 
 Tree layout (described once, here; :class:`verispec.rules.tree.DraftTree` consumes it): the root is
 the last committed token, which neither model has processed yet; node ``i`` has token ``tokens[i]``
@@ -8,7 +8,7 @@ candidates, draw order for sampled ones). Node ``i`` sits at depth ``depth(i)`` 
 so its position is ``committed + depth(i)``. A chain of ``γ`` tokens is the tree whose every node is
 the child of the previous one: the one code path of :func:`verispec.engine.generate` serves both.
 
-Tree specs (``TreeSpec.parse``):
+Tree specs (``TreeShape.parse``):
 
 =====================================  =====================================================================
 ``4,2,2,1`` or ``topk:4,2,2,1``         static: the ``b_d`` most probable draft tokens below every node of
@@ -43,7 +43,7 @@ from verispec.rules.tree import DETERMINISTIC, IID, WITHOUT_REPLACEMENT, Scheme
 from verispec.sampling import SamplingConfig
 from verispec.tree_nodes import keep_best, layout_by_depth
 
-#: Schemes of :mod:`verispec.rules.tree`, by the word used in a tree spec.
+#: Schemes of :mod:`verispec.rules.tree`, by the word used in a tree shape's text.
 SCHEME_WORDS: dict[str, Scheme] = {"topk": DETERMINISTIC, "iid": IID, "wor": WITHOUT_REPLACEMENT,
                                    "without_replacement": WITHOUT_REPLACEMENT, "dynamic": DETERMINISTIC}
 #: Where a draft came from: the draft model, prompt lookup or an EAGLE-3 head.
@@ -63,7 +63,7 @@ _DYNAMIC_PARAMS = (
 
 
 @dataclass(frozen=True)
-class TreeSpec:
+class TreeShape:
     """How to grow a draft tree. ``kind``: ``"static"`` (``branching`` per depth) or ``"dynamic"``."""
 
     kind: Literal["static", "dynamic"]
@@ -74,19 +74,19 @@ class TreeSpec:
     nodes: int = 0                           # dynamic
 
     @classmethod
-    def chain(cls, gamma: int) -> "TreeSpec":
+    def chain(cls, gamma: int) -> "TreeShape":
         """The chain of ``gamma`` sampled draft tokens (ordinary speculative decoding)."""
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"a chain needs gamma >= 1 draft tokens, got {gamma!r}")
         return cls("static", IID, (1,) * gamma)
 
     @classmethod
-    def parse(cls, text: str) -> "TreeSpec":
-        if isinstance(text, TreeSpec):
+    def parse(cls, text: str) -> "TreeShape":
+        if isinstance(text, TreeShape):
             return text
         raw = str(text).strip().lower()
         if not raw:
-            raise ValueError("empty tree spec; e.g. 4,2,2,1 or dynamic:top_k=10,depth=5,nodes=60")
+            raise ValueError("empty tree shape; e.g. 4,2,2,1 or dynamic:top_k=10,depth=5,nodes=60")
         word, sep, body = raw.partition(":")
         if not sep and word[:1].isdigit():
             word, body = "topk", raw
@@ -111,10 +111,10 @@ class TreeSpec:
         if not branching or any(b < 1 for b in branching):
             raise ValueError(f"tree {word}: give one branching factor >= 1 per depth, e.g. {word}:4,2,2,1; "
                              f"got {body!r}")
-        spec = cls("static", SCHEME_WORDS[word], branching)
-        if spec.max_nodes > MAX_TREE_NODES:
-            raise ValueError(f"tree {spec.spec()} has {spec.max_nodes} nodes; at most {MAX_TREE_NODES} are supported")
-        return spec
+        shape = cls("static", SCHEME_WORDS[word], branching)
+        if shape.max_nodes > MAX_TREE_NODES:
+            raise ValueError(f"tree {shape.text()} has {shape.max_nodes} nodes; at most {MAX_TREE_NODES} are supported")
+        return shape
 
     @property
     def depth(self) -> int:
@@ -134,7 +134,8 @@ class TreeSpec:
     def is_chain(self) -> bool:
         return self.kind == "static" and all(b == 1 for b in self.branching) and self.scheme == IID
 
-    def spec(self) -> str:
+    def text(self) -> str:
+        """The shape as ``--tree`` writes it (``TreeShape.parse`` reads it back)."""
         if self.kind == "dynamic":
             return f"dynamic:top_k={self.top_k},depth={self.depth_limit},nodes={self.nodes}"
         if self.is_chain:
@@ -143,14 +144,14 @@ class TreeSpec:
         return f"{word}:" + ",".join(map(str, self.branching))
 
     def check_rule(self, rule: Rule) -> None:
-        """Refuse, before any decoding, a rule that has no form on the trees this spec grows (the rules
+        """Refuse, before any decoding, a rule that has no form on the trees of this shape (the rules
         layer checks every call the same way: :func:`verispec.rules.tree.check_tree_rule`)."""
         one_child = self.kind == "static" and all(b == 1 for b in self.branching)
         branching = max(self.branching) if self.kind == "static" else self.top_k
         try:
             rules_tree.check_tree_rule(rule, self.scheme, branching, uniform_chain=one_child)
         except ValueError as exc:
-            raise ValueError(f"{exc} (tree {self.spec()}: --tree topk:... and dynamic:... are deterministic "
+            raise ValueError(f"{exc} (tree {self.text()}: --tree topk:... and dynamic:... are deterministic "
                              "candidates; --gamma drafts a sampled chain)") from None
 
 
@@ -205,11 +206,11 @@ def lookup_proposal(tokens: list[int]) -> DraftProposal:
     return DraftProposal.candidates(tokens, list(range(-1, len(tokens) - 1)), LOOKUP)
 
 
-def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: SamplingConfig, width: int,
+def grow_tree(draft: Backend, pending: list[int], shape: TreeShape, sampling: SamplingConfig, width: int,
               generator: torch.Generator, max_depth: int | None = None, timing=None,
               stop_below: float = 0.0, keep_drafting=None, keep_raw: bool = False) -> DraftProposal:
     """Feed ``pending`` (committed tokens the draft has not seen; the last one is the root) and grow
-    the tree ``spec`` below it, at most ``max_depth`` deep. One draft forward per depth that has
+    the tree ``shape`` below it, at most ``max_depth`` deep. One draft forward per depth that has
     nodes to expand (all of them at once). ``stop_below`` (static trees, chains included): a node
     whose token had draft probability below it is not expanded, so a chain stops drafting at the
     first unconfident token (the decision reads the draft alone, so lossless rules stay exact).
@@ -219,7 +220,7 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     read them.
     ``timing(name)`` is a :meth:`Stats.timing`-like context factory for ``draft_s`` / ``rule_s``."""
     timed = timing or Section
-    depth = min(spec.depth, max_depth) if max_depth is not None else spec.depth
+    depth = min(shape.depth, max_depth) if max_depth is not None else shape.depth
     device = generator.device       # the draft's rows are processed and sampled where verification runs
     with timed("draft_s"):
         root_logits = draft.forward(pending, all_logits=False)[:, :width].to(device)
@@ -233,16 +234,16 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     logits_of: dict[int, torch.Tensor] = {-1: root_logits[0]}
     draft_ids = 0
 
-    if keep_drafting is not None and not spec.is_chain:
+    if keep_drafting is not None and not shape.is_chain:
         raise ValueError("a per-token stop rule decides the length of a chain; it does not apply to a tree")
     confidences: list[float] = []
-    if spec.kind == "static":
+    if shape.kind == "static":
         frontier = [-1]
         for d in range(depth):
             new: list[int] = []
             with timed("rule_s"):
                 for node in frontier:
-                    for tok in _children(q_of[node], logits_of[node], spec.branching[d], spec.scheme, generator):
+                    for tok in _children(q_of[node], logits_of[node], shape.branching[d], shape.scheme, generator):
                         tokens.append(tok)
                         parents.append(node)
                         in_draft.append(-1)
@@ -264,7 +265,7 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
                 q_of[i], logits_of[i] = probs[row], logits[row]
             frontier = new
     else:
-        tokens, parents, in_draft, q_rows, forwards_more = _grow_dynamic(draft, spec, depth, sampling, width,
+        tokens, parents, in_draft, q_rows, forwards_more = _grow_dynamic(draft, shape, depth, sampling, width,
                                                                          root_logits[0], timed)
         q_of.update(q_rows)
         forwards += forwards_more
@@ -276,12 +277,12 @@ def grow_tree(draft: Backend, pending: list[int], spec: TreeSpec, sampling: Samp
     expanded = [i in q_of for i in range(len(tokens))]
     q_raw = None
     if keep_raw:
-        if spec.kind != "static":
+        if shape.kind != "static":
             raise ValueError("raw draft rows are kept for static trees and chains only")
         with timed("rule_s"):
             rows = [logits_of[-1]] + [logits_of.get(i) for i in range(len(tokens))]
             q_raw = torch.stack([torch.softmax(r.float(), -1) if r is not None else uniform for r in rows])
-    return DraftProposal(tokens, parents, q, spec.scheme, in_draft, forwards, expanded, q_raw=q_raw)
+    return DraftProposal(tokens, parents, q, shape.scheme, in_draft, forwards, expanded, q_raw=q_raw)
 
 
 def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: Scheme, generator: torch.Generator) -> list[int]:
@@ -303,7 +304,7 @@ def _children(q: torch.Tensor, logits: torch.Tensor, k: int, scheme: Scheme, gen
     return out
 
 
-def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: SamplingConfig, width: int,
+def _grow_dynamic(draft: Backend, shape: TreeShape, depth: int, sampling: SamplingConfig, width: int,
                   root_logits: torch.Tensor, timed) -> tuple[list[int], list[int], list[int], dict, int]:
     """EAGLE-2 growth: candidates carry cumulative raw draft log-probabilities; per depth the
     ``top_k`` best candidates of that depth are expanded (one draft forward), each proposing its
@@ -311,7 +312,7 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
     and laid out depth by depth, siblings by rank. Returns the kept nodes' tokens, parents and ids
     in the draft's tree, the processed draft rows of the expanded ones (by kept index), and the
     number of draft forwards."""
-    k = spec.top_k
+    k = shape.top_k
     cand_tok: list[int] = []
     cand_par: list[int] = []
     cand_score: list[float] = []
@@ -351,7 +352,7 @@ def _grow_dynamic(draft: Backend, spec: TreeSpec, depth: int, sampling: Sampling
                 level += propose(i, cand_score[i])
 
     with timed("rule_s"):
-        order, parents = layout_by_depth(keep_best(cand_score, cand_par, spec.nodes), cand_par)
+        order, parents = layout_by_depth(keep_best(cand_score, cand_par, shape.nodes), cand_par)
         tokens = [cand_tok[c] for c in order]
         in_draft = [cand_draft[c] for c in order]
         q_rows = {node: cand_q[c] for node, c in enumerate(order) if c in cand_q}

@@ -1,7 +1,8 @@
 """Model backends: llama.cpp (GGUF) and transformers, behind one :class:`Backend` protocol.
 
-``load_backend(spec, role=...)`` picks the backend from a spec string; heavy dependencies
-(llama-cpp-python, transformers) are imported only when a backend of that kind is built.
+``load_backend(source, role=...)`` picks the backend from where the model is (a path, a hub id, or none for
+the embedded pair); heavy dependencies (llama-cpp-python, transformers) are imported only when a backend of
+that kind is built.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = [
     "check_compatible",
     "load_backend",
     "load_pair",
-    "check_model_specs",
+    "check_model_sources",
     "backend_label",
     "LlamaBackend",
     "HFBackend",
@@ -44,13 +45,13 @@ _EMBEDDED_ALIASES = ("", "embedded", "default")
 NGRAM_DRAFT = "ngram"
 
 
-def is_ngram_draft(spec: object) -> bool:
-    """Whether a draft spec asks for prompt-lookup (n-gram) drafting instead of a draft model."""
-    return isinstance(spec, str) and spec.strip().lower() == NGRAM_DRAFT
+def is_ngram_draft(source: object) -> bool:
+    """Whether a draft source asks for prompt-lookup (n-gram) drafting instead of a draft model."""
+    return isinstance(source, str) and source.strip().lower() == NGRAM_DRAFT
 
 
 def load_backend(
-    spec: str | os.PathLike | None,
+    source: str | os.PathLike | None,
     *,
     role: str,
     n_threads: int | None = None,
@@ -60,7 +61,7 @@ def load_backend(
     batch_size: int | None = None,
     batch_invariant: bool = False,
 ) -> Backend:
-    """Build a backend from ``spec``.
+    """Build a backend from ``source``, where the model is.
 
     - ``None`` (or ``"embedded"``): the embedded default GGUF of ``role`` ("draft" or "target"),
       assembled on first use, run by :class:`LlamaBackend`.
@@ -73,7 +74,7 @@ def load_backend(
     :class:`LlamaBatchBackend` with ``invariant=True``, or :class:`RowsOfBackends` of transformers
     backends sharing one model).
     """
-    kind, where = _classify(spec, role)
+    kind, where = _classify(source, role)
     if kind == "embedded":
         return _llama(embedded_model_path(role), n_ctx=n_ctx, n_threads=n_threads, batch_size=batch_size,
                       invariant=batch_invariant)
@@ -91,15 +92,15 @@ def load_backend(
     return HFBatchBackend(single, batch_size=batch_size)
 
 
-def _classify(spec: str | os.PathLike | None, role: str) -> tuple[str, Any]:
+def _classify(source: str | os.PathLike | None, role: str) -> tuple[str, Any]:
     """``("embedded", None)``, ``("gguf", path)`` or ``("hf", directory or hub id)``; errors name what is wrong."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    if is_ngram_draft(spec):
+    if is_ngram_draft(source):
         raise ValueError("'ngram' is prompt-lookup drafting, not a model: it has no backend (use load_pair)")
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() in _EMBEDDED_ALIASES):
+    if source is None or (isinstance(source, str) and source.strip().lower() in _EMBEDDED_ALIASES):
         return "embedded", None
-    text = os.fspath(spec)
+    text = os.fspath(source)
     path = Path(text).expanduser()
     if text.lower().endswith(".gguf"):
         if not path.is_file():
@@ -114,7 +115,7 @@ def _classify(spec: str | os.PathLike | None, role: str) -> tuple[str, Any]:
     return "hf", str(path) if path.is_dir() else text
 
 
-def check_model_specs(settings: Any, need_draft: bool = True) -> None:
+def check_model_sources(settings: Any, need_draft: bool = True) -> None:
     """What :func:`load_pair` would refuse about the model files, found without loading them (for dry
     runs): missing files, damaged or foreign ``.gguf`` files, model directories without a readable
     ``config.json``, embedded models whose packages are missing. Hub ids are not looked up."""
@@ -124,8 +125,8 @@ def check_model_specs(settings: Any, need_draft: bool = True) -> None:
     roles = [("target", settings.target)]
     if need_draft and not is_ngram_draft(settings.draft):
         roles.append(("draft", settings.draft))
-    for role, spec in roles:
-        kind, where = _classify(spec, role)
+    for role, source in roles:
+        kind, where = _classify(source, role)
         if kind == "embedded":
             part_paths(role)
         elif kind == "gguf":

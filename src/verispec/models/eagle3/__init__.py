@@ -34,7 +34,7 @@ float32 (float64 for a float64 head); EAGLE computes it in the head's dtype. Eve
 deterministic: sorting is stable, ties go to the lower draft id.
 
 Parameter conventions: ``depth`` is the deepest level of the returned tree and ``nodes`` the number
-of returned nodes, the root excluded (as in :class:`verispec.engine.tree.TreeSpec`). EAGLE's code
+of returned nodes, the root excluded (as in :class:`verispec.engine.tree.TreeShape`). EAGLE's code
 counts differently: ``total_token = 60, depth = 5`` there returns 59 nodes up to 6 levels deep, i.e.
 ``nodes = 59, depth = 6`` here.
 """
