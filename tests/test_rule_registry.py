@@ -450,13 +450,7 @@ def _block_outcomes(rule, p, q, blocks, reps: int, seed: int) -> np.ndarray:
     return torch.bincount(cell, minlength=batch * (gamma + 1) * V).view(batch, gamma + 1, V).numpy()
 
 
-#: block_law.outcome_law gives target-only rules (SGLang, vLLM strict) the rejection law averaged over the drafted
-#: token (``rule.residual``), while their verify draws from p without the rejected token (``rejection_law``): the
-#: law given one draft block differs (the joint law, averaged over blocks, is right: test_sd_runs_...).
-_AVERAGED_CORRECTION = pytest.mark.xfail(strict=True, reason="outcome_law uses the averaged residual of "
-                                         "target-only rules, not their per-token rejection_law")
-BLOCK_LAW_SPECS = SEQUENCE + [pytest.param(s, marks=_AVERAGED_CORRECTION) if RULES[s].name in ("sglang", "strict")
-                              else s for s in FIRST if RULES[s].per_token]
+BLOCK_LAW_SPECS = SEQUENCE + [s for s in FIRST if RULES[s].per_token]
 
 
 @pytest.mark.parametrize("spec", BLOCK_LAW_SPECS)

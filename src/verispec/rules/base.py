@@ -328,6 +328,11 @@ class PerTokenRule(Rule):
     def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def correction_at(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The law the next token is drawn from after the drafted token ``x: [...]`` was rejected, ``[..., V]``:
+        ``residual(p, q)`` unless the rule's correction depends on the token it rejected."""
+        return self.residual(p, q)
+
     def bonus(self, p_next: torch.Tensor) -> torch.Tensor:
         return p_next
 
@@ -370,8 +375,8 @@ class PerTokenRule(Rule):
         p, q, draft = check_verify_inputs(p, q, draft)
         gamma = draft.shape[1]
         h = self.accept_prob_at(p[:, :gamma], q, draft)                      # [B, G]
-        return run_chain(h, lambda rows, at: self.residual(p[rows, at], q[rows, at]), self.bonus(p[:, gamma]),
-                         generator)
+        return run_chain(h, lambda rows, at: self.correction_at(p[rows, at], q[rows, at], draft[rows, at]),
+                         self.bonus(p[:, gamma]), generator)
 
 
 def run_chain(h: torch.Tensor, rejection_law, bonus: torch.Tensor,

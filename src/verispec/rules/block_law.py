@@ -103,7 +103,8 @@ def _per_token_law(rule: PerTokenRule, p: torch.Tensor, q: torch.Tensor, draft: 
     h = rule.accept_prob_at(p[:, :gamma], q, draft)                                   # [B, G]
     before = torch.cat([torch.ones_like(h[:, :1]), h.cumprod(-1)], dim=-1)           # Π_{i<k} h_i, k = 0..G
     law = torch.empty(p.shape[0], gamma + 1, p.shape[-1], dtype=p.dtype, device=p.device)
-    law[:, :gamma] = (before[:, :gamma] * (1 - h))[..., None] * rule.residual(p[:, :gamma], q)
+    # the correction after rejecting this very draft token (SGLang and vLLM strict remove it from p)
+    law[:, :gamma] = (before[:, :gamma] * (1 - h))[..., None] * rule.correction_at(p[:, :gamma], q, draft)
     law[:, gamma] = before[:, gamma, None] * rule.bonus(p[:, gamma])
     return law
 

@@ -86,7 +86,6 @@ from verispec.rules.base import (
     check_pair,
     check_verify_inputs,
     normalize_or,
-    run_chain,
     sample_categorical,
 )
 from verispec.rules.collaborative import CosWE
@@ -127,8 +126,8 @@ class _TargetOnlyRule(PerTokenRule):
     def accept_prob_all(self, p, q):
         return self.accept_from_p(p)
 
-    def rejection_law(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The correction after rejecting ``x: [...]``: ``p: [..., V]`` -> ``[..., V]``."""
+    def correction_at(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The correction after rejecting ``x: [...]``: ``p`` without ``x`` (``q`` is not read)."""
         return without_token(p, x)
 
     def _weights(self, p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +143,7 @@ class _TargetOnlyRule(PerTokenRule):
         """The rejection law averaged over the drafted token, ``r̄ ∝ p·(W − w)`` (eq. 0.1 then holds).
 
         Consumers that need one residual per position (:mod:`verispec.rules.tree` on sampled children)
-        get the correct conditional law; :meth:`verify` draws from :meth:`rejection_law` instead."""
+        get the correct conditional law; :meth:`verify` draws from :meth:`correction_at` instead."""
         _, w = self._weights(p, q)
         return normalize_or(p * (w.sum(-1, keepdim=True) - w), p)
 
@@ -160,25 +159,10 @@ class _TargetOnlyRule(PerTokenRule):
         p, q = check_pair(p, q)
         vocab = p.shape[-1]
         tokens = torch.arange(vocab, device=p.device).expand(*p.shape[:-1], vocab)     # [..., V]
-        r = self.rejection_law(p.unsqueeze(-2).expand(*p.shape[:-1], vocab, vocab), tokens)  # [..., c, V]
+        r = without_token(p.unsqueeze(-2).expand(*p.shape[:-1], vocab, vocab), tokens)      # [..., c, V]
         h = self.accept_prob_all(p, q)
         keep = torch.diag_embed(h)                                                        # h(c)·δ_c
         return (q.unsqueeze(-1) * (keep + (1 - h).unsqueeze(-1) * r)).sum(-2)
-
-    def verify(
-        self,
-        p: torch.Tensor,
-        q: torch.Tensor,
-        draft: torch.Tensor,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chain verification. ``p: [B, G+1, V]``, ``q: [B, G, V]``, ``draft: [B, G]`` ->
-        ``(n_accepted [B], next_token [B])``; the correction removes the rejected token (the kernel)."""
-        p, q, draft = check_verify_inputs(p, q, draft)
-        gamma = draft.shape[1]
-        h = self.accept_prob_at(p[:, :gamma], q, draft)                      # [B, G]
-        return run_chain(h, lambda rows, at: self.rejection_law(p[rows, at], draft[rows, at]),
-                         self.bonus(p[:, gamma]), generator)
 
 
 class SGLangThresholds(_TargetOnlyRule):

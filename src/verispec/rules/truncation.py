@@ -175,7 +175,7 @@ class Truncation(PerTokenRule):
     def closed_form(self, p, q):
         """``q·1_A + (1 − q(A))·p``."""
         inside = torch.where(self.allowed(p), q, torch.zeros_like(q))
-        return inside + (1 - inside.sum(-1, keepdim=True)) * p
+        return inside + (1 - inside.sum(-1, keepdim=True)).clamp_min(0) * p     # q(A) may round to 1 + 1 ulp
 
     def closed_form_acceptance(self, p, q):
         return torch.where(self.allowed(p), q, torch.zeros_like(q)).sum(-1)
@@ -302,7 +302,7 @@ class Cascade(ExactTargetRule):
     taxonomy = "deferral"
     PARAMS = (CASCADE_RULE, ALPHA)
 
-    def __init__(self, rule: str = "token_v3", alpha: float = 0.5) -> None:
+    def __init__(self, rule: str = "token_v3", alpha: float | None = None) -> None:   # alpha required, as in specs
         rule, alpha = CASCADE_RULE.check(self.name, rule), ALPHA.check(self.name, alpha)
         lo_hi = _ALPHA_RANGE.get(rule)
         if lo_hi is not None and not lo_hi[0] <= alpha <= lo_hi[1]:
