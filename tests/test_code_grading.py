@@ -17,26 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.grading import fenced, needs_data, problem
 from verispec.tasks.checkers import check, coding
 from verispec.tasks.checkers.code_child import Opaque, decode, digest, dumps, encode
-from verispec.tasks.datasets import Problem, load_dataset
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
+from verispec.tasks.datasets import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"benchmark data not found at {DATA}")
-_CACHE: dict[str, dict[str, Problem]] = {}
 
-
-def problem(dataset: str, pid: str) -> Problem:
-    if dataset not in _CACHE:
-        _CACHE[dataset] = {p.id: p for p in load_dataset(dataset, data_dir=DATA).problems}
-    return _CACHE[dataset][pid]
-
-
-def fenced(src: str) -> str:
-    return "```python\n" + src.strip("\n") + "\n```"
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox targets Linux")
 
 
 # ------------------------------------------------------------------------------ codec
