@@ -507,3 +507,15 @@ def test_code_grading_is_refused_before_any_work_where_the_sandbox_cannot_hold_i
     assert cli.main(["bench", "--dry-run", "--dataset", "humaneval", "--limit", "1", "--out", str(out)]) == 2
     assert UNSAFE_FLAG in capsys.readouterr().err and not out.exists()
     assert cli.main(["bench", "--dry-run", "--dataset", "gsm8k", "--limit", "1", "--out", str(out)]) == 0
+
+
+def test_the_vllm_engine_where_vllm_is_not_installed_is_one_clear_line(tmp_path, capsys):
+    import importlib.util
+
+    from verispec import cli
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: tests/vllm covers --engine vllm")
+    assert cli.main(["bench", "--engine", "vllm", "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    assert "scripts/setup_vllm.sh" in capsys.readouterr().err
+    assert cli.main(["bench", "--vllm-option", "dtype=float32", "--dry-run", "--out", str(tmp_path / "o")]) == 2

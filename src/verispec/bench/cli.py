@@ -45,6 +45,15 @@ def add_parsers(sub) -> None:
     flags.add_model_flags(p)
     flags.add_decoding_flags(p, allow_auto_gamma=True)
     flags.add_cluster_flags(p)
+    g = p.add_argument_group("engine", "which engine generates the samples (the store and the report are the same)")
+    g.add_argument("--engine", choices=("verispec", "vllm"), default="verispec",
+                   help="vllm: generate through vLLM with verispec's rules in its rejection sampler (docs/vllm.md; "
+                   "run from .venv-vllm, made by scripts/setup_vllm.sh); chains of a fixed γ; --batch-size is then "
+                   "the requests per generate call (default 64)")
+    g.add_argument("--vllm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of vllm.LLM for every engine, repeatable (value read as JSON if it parses): "
+                   "tensor_parallel_size=2, pipeline_parallel_size=2, distributed_executor_backend=ray, "
+                   "gpu_memory_utilization=0.45, dtype=bfloat16, ...")
     p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None, tree=None)
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")
@@ -131,18 +140,52 @@ def accuracy_gaps(bench_dir: str) -> dict[str, float]:
     return {rule: sum(v) / len(v) for rule, v in by_rule.items()}
 
 
+def vllm_executor(args, cfg: runner.BenchConfig, cluster):
+    """The :class:`~verispec.integrations.vllm.executor.VllmExecutor` of ``--engine vllm`` (checked: vLLM
+    installed, the rules runnable on its proposer, no verispec-side scaling flags), or None."""
+    if args.engine != "vllm":
+        if args.vllm_option:
+            raise ValueError("--vllm-option applies to --engine vllm only")
+        return None
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("--engine vllm: vLLM is not installed in this environment; run `bash scripts/setup_vllm.sh` "
+                         "and use .venv-vllm/bin/verispec (docs/vllm.md)")
+    if cluster.distributed or cluster.batch_invariant:
+        raise ValueError("--engine vllm scales with vLLM's own options (--vllm-option tensor_parallel_size=N, "
+                         "distributed_executor_backend=ray): drop --workers / --ray-address / --batch-invariant")
+    options = {}
+    for item in args.vllm_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--vllm-option takes KEY=VALUE, got {item!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    from verispec.integrations.vllm.executor import VllmExecutor
+
+    return VllmExecutor(cfg, Path(cfg.out), vllm_kwargs=options, batch_size=cluster.batch_size or 64)
+
+
 def cmd_bench(args) -> int:
     _allow_unsafe_sandbox(args)
     cfg, cluster = config_from_args(args), flags.cluster_from_args(args)
+    executor = vllm_executor(args, cfg, cluster)
+    if executor is not None:
+        cluster = None      # the batch size went to vLLM
     if args.dry_run:   # everything the run checks before it decodes: the dry run refuses what the run refuses
-        bench = runner.Bench(cfg, progress=False, cluster=cluster, log=lambda m: print(m, file=sys.stderr))
+        bench = runner.Bench(cfg, progress=False, cluster=cluster, log=lambda m: print(m, file=sys.stderr),
+                             executor=executor)
         plan = bench.plan(check_models=True)
         print(runner.describe_plan(plan))
         n = sum(len(p) for p in bench.problems.values())
         print(f"(dry run: {len(plan)} runs over {n} problems x {cfg.n_samples} samples; nothing decoded or written)",
               file=sys.stderr)
         return 0
-    out, report = runner.run_bench(cfg, progress=not args.no_progress, cluster=cluster)
+    out, report = runner.run_bench(cfg, progress=not args.no_progress, cluster=cluster, executor=executor)
     if report is not None:
         print(Path(report.markdown_path).read_text())
         print(f"report: {report.markdown_path}; plots: {', '.join(str(p) for p in report.plot_paths)}", file=sys.stderr)

@@ -1,0 +1,103 @@
+"""``verispec lm-eval [flags] -- <lm_eval args>``: lm-evaluation-harness with the ``verispec`` model.
+
+lm-eval has no plugin discovery (its model registry is a static mapping), so this command registers the
+``verispec`` model (:class:`~verispec.integrations.lm_eval_model.VerispecLM`, with these flags as the defaults
+of its arguments) and runs lm_eval's own command line with ``--model verispec`` (also
+``python -m verispec.integrations.lm_eval``)::
+
+    verispec lm-eval --rule lenience:ell=0.5 --gamma 3 -- --tasks gsm8k --limit 50
+    verispec lm-eval --rule speccascade:p_base=0.3 --baseline -- --tasks gsm8k --limit 50
+
+:func:`add_lm_eval_parser` registers the subcommand on ``verispec``'s subparsers without importing lm_eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from verispec import flags
+
+#: as in :mod:`verispec.integrations.lm_eval_model` (not imported here: it imports lm_eval)
+DRAFT_SOURCES = ("model", "ngram", "none")
+MODEL_NAME = "verispec"
+
+
+def add_lm_eval_parser(subparsers) -> argparse.ArgumentParser:
+    """``verispec lm-eval [flags] -- <lm_eval args>`` on ``verispec``'s subparsers."""
+    p = subparsers.add_parser("lm-eval", help="run lm-evaluation-harness with a `verispec` model (any rule, true "
+                              "baseline or target-only): verispec lm-eval [flags] -- <lm_eval args>")
+    p.add_argument("--rule", default="lossless", help="verification rule (see `verispec rules`)")
+    p.add_argument("--gamma", type=lambda t: flags.gamma_value(t, True), default=5,
+                   help="draft tokens per step (an integer, or auto)")
+    p.add_argument("--tree", default=None, help="draft a tree instead of a chain (one sequence at a time)")
+    p.add_argument("--draft-source", choices=list(DRAFT_SOURCES), default=None,
+                   help="model (default with a draft model), ngram (prompt lookup), none (target-only)")
+    p.add_argument("--baseline", action="store_true", help="the rule's true baseline (target-only with its truncation)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--batch-size", type=flags.positive_int("--batch-size"), default=8,
+                   help="rows decoded together (continuous batching)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="compute each row alone: outputs do not depend on the batch, at the cost of its speed-up")
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER,
+                   help="lm_eval's own arguments after `--` (e.g. --tasks gsm8k --limit 10)")
+    flags.add_model_flags(p)
+    p.set_defaults(func=cmd_lm_eval)
+    return p
+
+
+def cmd_lm_eval(args) -> int:
+    extra = list(args.lm_eval_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return run_lm_eval(args, extra)
+
+
+def run_lm_eval(args, lm_eval_args: list[str]) -> int:
+    """The flags become the ``verispec`` model's defaults, then lm_eval's CLI runs with ``lm_eval_args``."""
+    from lm_eval.__main__ import cli_evaluate
+
+    from verispec.integrations.lm_eval_model import DEFAULTS, register
+
+    if args.lookup:
+        raise ValueError("--lookup: choose prompt lookup with --draft-source ngram")
+    if not lm_eval_args:
+        raise ValueError("give lm_eval's arguments after `--`, e.g. verispec lm-eval --rule lossless -- --tasks "
+                         "gsm8k --limit 10")
+    DEFAULTS.clear()
+    DEFAULTS.update(rule=args.rule, gamma=args.gamma, tree=args.tree, draft_source=args.draft_source,
+                    baseline=args.baseline, seed=args.seed, rows=args.batch_size, target=args.target,
+                    draft=args.draft, n_ctx=args.n_ctx, n_threads=args.n_threads, device=args.device, dtype=args.dtype,
+                    batch_invariant=args.batch_invariant)
+    register()
+    if "--model" not in lm_eval_args:
+        lm_eval_args = ["--model", MODEL_NAME, *lm_eval_args]
+    saved = sys.argv
+    sys.argv = ["lm-eval", *lm_eval_args]
+    try:
+        cli_evaluate()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m verispec.integrations.lm_eval [flags] -- <lm_eval args>``."""
+    from verispec.runtime import tune_process
+
+    tune_process()
+    ap = argparse.ArgumentParser(prog="python -m verispec.integrations.lm_eval")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_lm_eval_parser(sub)
+    args = ap.parse_args(["lm-eval", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"verispec: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

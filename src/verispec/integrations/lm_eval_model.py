@@ -1,0 +1,291 @@
+"""The ``verispec`` model of lm-evaluation-harness (:class:`VerispecLM`): generation through verispec's engine
+with any rule, the rule's true baseline or target-only sampling; log-likelihoods from the target. The
+command that registers it and runs lm_eval is :mod:`verispec.integrations.lm_eval` (``verispec lm-eval``).
+
+Its arguments (``--model_args`` override ``verispec lm-eval``'s flags): ``rule``, ``gamma`` (an integer or
+``auto``), ``tree``, ``draft_source`` (``model``, ``ngram``, ``none``), ``baseline``, ``seed``, ``rows`` (rows
+decoded together), ``max_gen_toks``, ``add_bos_token``, and the model flags ``target``, ``draft``, ``n_ctx``,
+``n_threads``, ``device``, ``dtype``, ``batch_invariant``. A task's generation arguments may carry
+``verification`` (``{rule, gamma, tree, draft}``) and ``baseline`` as ``verispec serve``'s requests do
+(``--gen_kwargs '{"verification": {"rule": "lenience:ell=0.5"}}'``).
+
+``generate_until`` decodes all of a call's requests together on a
+:class:`~verispec.engine.session.BatchSession` (chains of the draft model with a fixed γ, target-only and
+true-baseline rows; continuous batching), or one at a time with :func:`verispec.engine.generate` (prompt
+lookup, trees, ``gamma=auto``, raw-distribution rules). ``until`` are a request's stop strings,
+``max_gen_toks`` its budget, ``do_sample: false`` or ``temperature: 0`` greedy, ``top_p`` / ``top_k`` /
+``min_p`` its truncation. ``loglikelihood`` scores context + continuation with one target forward (the raw
+model distribution, temperature 1; :meth:`BatchSession.score`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+
+from verispec.engine.config import resolve
+from verispec.engine.costs import CostProfile
+from verispec.engine.session import BatchSession, RowRequest
+from verispec.models.base import tokenizer_size
+from verispec.rules import Rule
+from verispec.rules import get as get_rule
+from verispec.sampling import SamplingConfig
+
+MODEL_NAME = "verispec"
+DRAFT_SOURCES = ("model", "ngram", "none")
+#: Defaults of the model's arguments; ``verispec lm-eval`` writes its flags here before running lm_eval.
+DEFAULTS: dict[str, Any] = {}
+#: A placeholder profile: lets :func:`resolve` check ``gamma="auto"`` before any measurement.
+_CHECK_PROFILE = CostProfile(draft_token=0.01, target_block=tuple(0.05 * (1 + 0.1 * g) for g in range(9)))
+
+
+@dataclass
+class Decoding:
+    """What one request decodes: ``rule`` None for target-only (``sampling`` then holds a true baseline's
+    truncation), ``gamma`` an integer or ``"auto"``, ``draft`` model / ngram / none."""
+
+    rule: Rule | None
+    sampling: SamplingConfig
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+    gamma: int | str = 0
+    tree: str | None = None
+    draft: str = "none"
+
+    @property
+    def batched(self) -> bool:
+        return self.rule is None or (self.draft == "model" and self.tree is None and isinstance(self.gamma, int)
+                                     and not self.rule.needs_raw)
+
+    @property
+    def room(self) -> int:
+        """Context a verification may need beyond the committed tokens."""
+        if self.rule is None:
+            return 0
+        return 65 if self.gamma == "auto" or self.tree is not None else int(self.gamma) + 1
+
+
+def resolve_decoding(*, rule: str, gamma: int | str, tree: str | None, draft: str, baseline: bool,
+                     sampling: SamplingConfig, max_tokens: int, stop: list[str], has_draft: bool) -> Decoding:
+    """Check a decoding (``ValueError`` naming what is wrong) and resolve it (a baseline's truncation)."""
+    if draft not in DRAFT_SOURCES:
+        raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
+    rule_obj = get_rule(rule)
+    if baseline:
+        trunc = rule_obj.baseline_truncation()
+        return Decoding(None, sampling.with_truncation(**trunc) if trunc else sampling, max_tokens, stop)
+    if draft == "none":
+        return Decoding(None, sampling, max_tokens, stop)
+    if draft == "model" and not has_draft:
+        raise ValueError("no draft model is loaded: give --draft, or draft_source ngram / none")
+    cfg = resolve(rule=rule_obj, gamma=gamma, tree=tree, draft_stop=0.0,
+                  costs=_CHECK_PROFILE if gamma == "auto" else None, draft=draft == "model", lookup=draft == "ngram",
+                  head=None)
+    if cfg.tree is not None:
+        return Decoding(rule_obj, sampling, max_tokens, stop, cfg.gamma, cfg.tree.spec(), draft)
+    return Decoding(rule_obj, sampling, max_tokens, stop, "auto" if gamma == "auto" else cfg.gamma, None, draft)
+
+
+class VerispecLM(TemplateLM):
+    """The ``verispec`` model of lm-evaluation-harness (module docstring). ``backends``: pre-built
+    ``(target_rows, draft_rows or None, single_target, single_draft or None)`` instead of loading from
+    ``target`` / ``draft`` (tests; embedding)."""
+
+    def __init__(self, rule: str = "lossless", gamma: int | str = 5, tree: str | None = None,
+                 draft_source: str | None = None, baseline: bool = False, seed: int = 1234, rows: int = 8,
+                 max_gen_toks: int = 256, add_bos_token: bool = False, target: str | None = None,
+                 draft: str | None = None, n_ctx: int = 4096, n_threads: int | None = None, device: str = "cpu",
+                 dtype: str | None = None, batch_invariant: bool = False, backends: tuple | None = None,
+                 batch_size: Any = None, max_batch_size: Any = None, **unused: Any) -> None:
+        super().__init__()
+        if unused:
+            raise ValueError(f"unknown model_args for the verispec model: {', '.join(sorted(unused))} (known: rule, "
+                             "gamma, tree, draft_source, baseline, seed, rows, max_gen_toks, add_bos_token, target, "
+                             "draft, n_ctx, n_threads, device, dtype, batch_invariant)")
+        settings = SimpleNamespace(target=target, draft=draft, n_ctx=int(n_ctx), n_threads=n_threads, device=device,
+                                   dtype=dtype, lookup=False)
+        ngram = False
+        if backends is None:
+            from verispec.models import is_ngram_draft, load_pair
+
+            ngram = is_ngram_draft(draft)
+            rows_t, rows_d, _ = load_pair(settings, batch_size=int(rows), batch_invariant=bool(batch_invariant),
+                                          need_draft=draft_source != "none" and not baseline)
+            self._single, self._settings = None, settings
+        else:
+            rows_t, rows_d, single_t, single_d = backends
+            self._single, self._settings = (single_t, single_d), None
+        self.target_rows, self.draft_rows = rows_t, rows_d
+        self.rows = rows_t.batch_size
+        self.width = min(rows_t.vocab_size, tokenizer_size(rows_t))
+        self.rule, self.gamma, self.tree = rule, ("auto" if gamma == "auto" else int(gamma)), tree
+        self.draft = draft_source or ("ngram" if ngram else "model" if rows_d is not None else "none")
+        self.baseline, self.seed = bool(baseline), int(seed)
+        self.max_gen_toks, self.add_bos_token = int(max_gen_toks), bool(add_bos_token)
+        self.decoding({})       # the settings must make a valid decoding: fail now, not after loading the data
+
+    # -- settings ------------------------------------------------------------------------------------
+    def decoding(self, gen_kwargs: dict, max_tokens: int | None = None, stop: list[str] | None = None) -> Decoding:
+        """The decoding of one request's generation arguments over the model's settings."""
+        greedy = not gen_kwargs.get("do_sample", False) or float(gen_kwargs.get("temperature") or 0.0) == 0.0
+        values = {"temperature": 0.0 if greedy else float(gen_kwargs.get("temperature", 1.0))}
+        for key in ("top_p", "top_k", "min_p"):
+            if gen_kwargs.get(key) is not None:
+                values[key] = gen_kwargs[key]
+        ver = gen_kwargs.get("verification") or {}
+        if not isinstance(ver, dict) or set(ver) - {"rule", "gamma", "tree", "draft"}:
+            raise ValueError(f"verispec model: 'verification' takes {{rule, gamma, tree, draft}}, got {ver!r}")
+        return resolve_decoding(rule=ver.get("rule", self.rule), gamma=ver.get("gamma", self.gamma),
+                                tree=ver.get("tree", self.tree if "gamma" not in ver else None),
+                                draft=ver.get("draft", self.draft), baseline=bool(gen_kwargs.get("baseline",
+                                                                                                 self.baseline)),
+                                sampling=SamplingConfig(**values), max_tokens=max_tokens or self.max_gen_toks,
+                                stop=stop or [], has_draft=self.draft_rows is not None)
+
+    # -- TemplateLM ----------------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        eos = self.target_rows.eos_token_ids
+        return min(eos) if eos else 0
+
+    @property
+    def max_length(self) -> int:
+        return int(self.target_rows.context_length)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.target_rows, "name", MODEL_NAME)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        ids = getattr(string, "ids", None)          # a prompt rendered by apply_chat_template
+        if ids is not None:
+            return list(ids)
+        return list(self.target_rows.tokenize(string, add_special=bool(add_special_tokens) or self.add_bos_token))
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """A system + user conversation rendered with the target's chat template (its text, carrying its token
+        ids, special tokens included)."""
+        roles = [m["role"] for m in chat_history]
+        if roles not in (["user"], ["system", "user"]):
+            raise ValueError("the verispec model renders one user turn (after an optional system turn): run "
+                             "lm_eval without --fewshot_as_multiturn")
+        ids = self.target_rows.chat_prompt(chat_history[-1]["content"],
+                                           system=chat_history[0]["content"] if len(roles) == 2 else None)
+        return _ChatPrompt(self.target_rows.detokenize(ids), ids)
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        tok = getattr(getattr(self.target_rows, "single", None), "tokenizer", None)
+        return getattr(tok, "chat_template", None) or ""
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        from tqdm import tqdm
+
+        session = BatchSession(self.target_rows, None, target_width=self.width)
+        out = []
+        for key, context, continuation in tqdm(requests, disable=disable_tqdm, desc="verispec loglikelihood"):
+            tokens = (list(context) + list(continuation))[-(self.max_length - 1):]
+            start = max(len(tokens) - len(continuation), 1)
+            scores = session.score(tokens, 1)
+            logprob = sum(scores.token_logprobs[start:])
+            greedy = all(scores.top[i][0][0] == tokens[i] for i in range(start, len(tokens)))
+            out.append((float(logprob), bool(greedy)))
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, out[-1])
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from lm_eval import utils
+
+        out = []
+        for (string,) in [req.args for req in requests]:
+            windows = [(None,) + utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length - 1, context_len=1)]
+            total = sum(x[0] for x in self._loglikelihood_tokens(windows, disable_tqdm=True))
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+            out.append(total)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from tqdm import tqdm
+
+        jobs = []
+        for i, req in enumerate(requests):
+            context, gen_kwargs = req.args[0], dict(req.args[1])
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            d = self.decoding(gen_kwargs, int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)), until)
+            keep = self.max_length - d.max_tokens - d.room
+            if keep < 1:
+                raise ValueError(f"max_gen_toks {d.max_tokens} leaves no room for a prompt in a context of "
+                                 f"{self.max_length} tokens: raise n_ctx or lower max_gen_toks")
+            jobs.append((i, self.tok_encode(context)[-keep:], d))
+        results: list[str | None] = [None] * len(jobs)
+        bar = tqdm(total=len(jobs), disable=disable_tqdm, desc=f"verispec generate ({self.rows} rows)")
+        batched = [j for j in jobs if j[2].batched]
+        if batched:
+            session = BatchSession(self.target_rows, self.draft_rows, target_width=self.width)
+
+            def done(handle) -> None:
+                results[handle.request.tag] = handle.result.text
+                bar.update(1)
+
+            for i, ids, d in batched:
+                session.admit(RowRequest(ids, d.max_tokens, d.sampling, rule=d.rule, gamma=d.gamma or 5, stop=d.stop,
+                                         seed=self.seed, on_done=done, tag=i))
+            session.run()
+        for i, ids, d in (j for j in jobs if not j[2].batched):
+            results[i] = self._generate_one(ids, d).text
+            bar.update(1)
+        bar.close()
+        for req, text in zip(requests, results):
+            self.cache_hook.add_partial("generate_until", req.args, text)
+        return results
+
+    def _generate_one(self, ids: list[int], d: Decoding):
+        """One request with ``generate`` on the single-sequence pair (loaded on first use)."""
+        from verispec.engine import cached_profile, generate
+        from verispec.engine.costs import DEFAULT_G_MAX
+        from verispec.engine.ngram import NgramDrafter
+
+        if self._single is None:
+            from verispec.models import load_pair
+
+            self._single = tuple(load_pair(self._settings, need_draft=d.draft == "model")[:2])
+        target, draft = self._single
+        draft_model = draft if d.draft == "model" else None
+        lookup = NgramDrafter(max_tokens=DEFAULT_G_MAX if d.gamma == "auto" else int(d.gamma)) \
+            if d.draft == "ngram" else None
+        costs = cached_profile(target, draft_model, ids)[0] if d.gamma == "auto" else None
+        return generate(target, draft_model, ids, rule=d.rule, sampling=d.sampling, gamma=d.gamma,
+                        max_new_tokens=d.max_tokens, stop=d.stop, seed=self.seed, costs=costs, tree=d.tree,
+                        lookup=lookup)
+
+
+class _ChatPrompt(str):
+    """A rendered chat prompt: its text, and its token ids (special tokens included) in ``ids``."""
+
+    ids: list[int]
+
+    def __new__(cls, text: str, ids: list[int]):
+        obj = super().__new__(cls, text)
+        obj.ids = list(ids)
+        return obj
+
+
+class _Configured(VerispecLM):
+    """:class:`VerispecLM` with :data:`DEFAULTS` (``verispec lm-eval``'s flags) under its ``model_args``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        if "device" in DEFAULTS:        # verispec lm-eval's --device, not lm_eval's (its default is cuda:0)
+            kwargs.pop("device", None)
+        super().__init__(**{**DEFAULTS, **kwargs})
+
+
+def register() -> None:
+    """Add the ``verispec`` model to lm-eval's registry (registering it again is a no-op)."""
+    register_model(MODEL_NAME)(_Configured)

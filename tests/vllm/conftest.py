@@ -1,0 +1,123 @@
+"""The vLLM plug-in's tests: they need vLLM (``bash scripts/setup_vllm.sh`` builds ``.venv-vllm``; run them with
+``.venv-vllm/bin/python -m pytest -q tests/vllm``). Without an importable vLLM every test of this directory is
+skipped with the reason; the test modules import vLLM only inside fixtures and tests, so they still collect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+try:
+    import vllm  # noqa: F401
+
+    VLLM_MISSING = None
+except Exception as exc:  # ImportError, or a vLLM build that fails to load on this machine
+    VLLM_MISSING = (f"vLLM is not importable here ({type(exc).__name__}: {exc}); run tests/vllm with .venv-vllm "
+                    "(bash scripts/setup_vllm.sh)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if VLLM_MISSING is None:
+        return
+    skip = pytest.mark.skip(reason=VLLM_MISSING)
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
+
+
+# -- tiny random models and shared engines (session-wide: each vLLM engine takes ~50 s to start here) --------
+
+import os  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB of KV cache per engine
+GAMMA = 2                                                     # drafted tokens per step in the test engines
+ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=256, seed=0,
+                 per_request_spec_decode_metrics="detailed")
+
+
+@dataclass
+class TinyModels:
+    """Two tiny random Qwen2 models (target 2 layers, draft 1) over the 99-token character vocabulary, saved as
+    HF directories, and the same weights loaded in transformers (the oracle for the laws)."""
+
+    target_dir: str
+    draft_dir: str
+    target: object
+    draft: object
+    tokenizer: object
+
+
+def _tiny_qwen2(seed: int, layers: int, head_std: float):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=99, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                      initializer_range=0.02, eos_token_id=2, bos_token_id=0, pad_token_id=0,
+                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():      # logits of std ~1.5: distributions neither flat nor one-hot
+        model.lm_head.weight.normal_(0.0, head_std)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    from tests.helpers.tiny_hf import tiny_char_tokenizer
+
+    tok = tiny_char_tokenizer()
+    root = tmp_path_factory.mktemp("vllm_models")
+    models = {}
+    for name, seed, layers in (("target", 11, 2), ("draft", 12, 1)):
+        model = _tiny_qwen2(seed, layers, head_std=0.2)
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        models[name] = model
+    return TinyModels(str(root / "target"), str(root / "draft"), models["target"], models["draft"], tok)
+
+
+def _shutdown(llm) -> None:
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # the engine may already be gone; nothing else to release
+        pass
+
+
+@pytest.fixture(scope="session")
+def sd_engine(tiny_models):
+    """Draft-model speculative decoding with probabilistic drafts (q reaches the sampler), γ = GAMMA."""
+    from verispec.integrations.vllm import make_llm
+
+    llm = make_llm(tiny_models.target_dir, rule="lossless", speculative_config={
+        "method": "draft_model", "model": tiny_models.draft_dir, "num_speculative_tokens": GAMMA,
+        "draft_sample_method": "probabilistic"}, **ENGINE_KW)
+    yield llm
+    _shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def greedy_draft_engine(tiny_models):
+    """Draft-model speculative decoding with greedy drafts: each draft is a point mass (as ngram's)."""
+    from verispec.integrations.vllm import make_llm
+
+    llm = make_llm(tiny_models.target_dir, rule="lossless", speculative_config={
+        "method": "draft_model", "model": tiny_models.draft_dir, "num_speculative_tokens": GAMMA,
+        "draft_sample_method": "greedy"}, **ENGINE_KW)
+    yield llm
+    _shutdown(llm)
+
+
+@pytest.fixture(scope="session")
+def target_engine(tiny_models):
+    """The target alone (no speculative decoding): target-only runs and true baselines."""
+    from verispec.integrations.vllm import make_target_llm
+
+    kw = {k: v for k, v in ENGINE_KW.items() if k != "per_request_spec_decode_metrics"}
+    llm = make_target_llm(tiny_models.target_dir, **kw)
+    yield llm
+    _shutdown(llm)
