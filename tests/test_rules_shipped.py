@@ -17,7 +17,7 @@ import verispec.rules as R
 from tests.helpers.rule_cases import ALPHA, binom_pvalue, gof_pvalue, pq_cases, single_position
 from verispec.rules.collaborative import CosWE
 from verispec.rules.shipped import SGLangThresholds, Strict, hf_ensemble
-from verispec.rules.tree import sampled_node_law, tree_node_law
+from verispec.rules.tree_law import sampled_node_law, tree_node_law
 
 SHIPPED_SPECS = [
     "sglang:single=0.9,acc=0.9",

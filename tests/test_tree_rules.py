@@ -16,14 +16,8 @@ import torch
 import verispec.rules as R
 from tests.helpers.rule_cases import ALPHA, gof_pvalue, pq_cases
 from tests.helpers.toy_tree import ToyLM, simulate_tree_sd, target_joint
-from verispec.rules.tree import (
-    PAD_PARENT,
-    DraftTree,
-    sampled_node_law,
-    tree_node_law,
-    tree_path_law,
-    verify_tree,
-)
+from verispec.rules.tree import PAD_PARENT, DraftTree, verify_tree
+from verispec.rules.tree_law import sampled_node_law, tree_node_law, tree_path_law
 
 CASES = pq_cases()
 V = 7

@@ -16,7 +16,7 @@ import torch
 import verispec.rules as R
 from tests.helpers.rule_cases import ALPHA, gof_pvalue, pq_cases
 from verispec.integrations.vllm.verify import PLACEHOLDER, verify_flat
-from verispec.rules.tree import tree_node_law
+from verispec.rules.tree_law import tree_node_law
 
 CASES = pq_cases(v=7, seed=3)
 P, Q = CASES["tail_overshoot"]

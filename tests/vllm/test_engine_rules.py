@@ -15,7 +15,7 @@ import torch
 import verispec.rules as R
 from tests.helpers.rule_cases import ALPHA
 from tests.vllm.laws import TwoTokenOracle, joint_pvalue
-from verispec.rules.tree import tree_node_law
+from verispec.rules.tree_law import tree_node_law
 
 PROMPT = [40, 41, 42, 43, 44, 45]
 N = 2000

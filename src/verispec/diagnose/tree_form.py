@@ -11,7 +11,7 @@ Measures (:func:`summarize_tree_form`), per rule:
 
 * **distortion at the visited decision nodes** — the root and every accepted node that has children,
   i.e. the positions of the lossless trajectory where a tree decision was made. Tree form:
-  ``P_tree = tree_node_law(rule, p, candidates)`` (:func:`verispec.rules.tree.tree_node_law`, the
+  ``P_tree = tree_node_law(rule, p, candidates)`` (:func:`verispec.rules.tree_law.tree_node_law`, the
   exact law of the node given its candidate list) against ``rule.reference``; chain form: the
   rule's per-token law ``rule.induced(p, q)`` at the same node. TV, KL, overshoot, tail leak,
   acceptance (tree: the probability that some candidate is accepted).
@@ -171,7 +171,7 @@ def _children_tokens(corpus: TreeCorpus, rows: np.ndarray) -> dict[int, list[int
 def summarize_tree_form(corpus: TreeCorpus, rule_specs: Iterable[str], *, chunk: int = 4096) -> list[dict]:
     """Per rule: tree-form and chain-form distortion at the visited decision nodes, acceptance, and the
     exact tokens per target call of the recorded trees under the rule (see the module docstring)."""
-    from verispec.rules.tree import tree_node_law
+    from verispec.rules.tree_law import tree_node_law
 
     lay = corpus.layout
     n = len(corpus)

@@ -1,4 +1,5 @@
-"""Tree (multi-draft) verification: exact, batched, with closed forms (docs/verification-rules.md §1.4 and §4).
+"""Tree (multi-draft) verification: exact, batched (docs/verification-rules.md §1.4 and §4); the closed
+forms of what it samples are in :mod:`verispec.rules.tree_law`.
 
 A draft tree is data (:class:`DraftTree`: node tokens and parent indices, one tree per batch row);
 :func:`verify_tree` consumes it in one call, and a chain is the degenerate tree.
@@ -80,7 +81,6 @@ row for the next token. Rows are vectorised; Python loops run over depth and sib
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -125,8 +125,6 @@ POINT_MASS_RULES = (Lossless, Greedy, Lenience, CeilingOnTarget, Truncation)
 #: ``kl_judge:tau=0``: a point mass is never within a divergence 0 of ``g``) are refused there.
 LOSSLESS_AT_POINT_MASS = (CosWE, CosCD, CeilingOnEnsemble, SGLangThresholds, Strict)
 
-#: Largest number of candidate tuples :func:`sampled_node_law` enumerates.
-MAX_ENUMERATION = 200_000
 
 
 @dataclass(frozen=True, eq=False)
@@ -347,14 +345,14 @@ def _point_mass(tok: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like).scatter_(-1, tok[:, None], 1.0)
 
 
-def _accept_prob(rule: PerTokenRule, scheme: Scheme, g: torch.Tensor, q_k: torch.Tensor | None,
+def node_accept_prob(rule: PerTokenRule, scheme: Scheme, g: torch.Tensor, q_k: torch.Tensor | None,
                  tok: torch.Tensor) -> torch.Tensor:
     """Acceptance probability of candidate ``tok [R]`` at target ``g [R, V]``. ``-> [R]``."""
     draft = _point_mass(tok, g) if scheme == DETERMINISTIC else q_k
     return rule.accept_prob_at(g, draft, tok).clamp(0.0, 1.0)
 
 
-def _reject(rule: PerTokenRule, scheme: Scheme, g: torch.Tensor, q_k: torch.Tensor | None, tok: torch.Tensor,
+def node_reject(rule: PerTokenRule, scheme: Scheme, g: torch.Tensor, q_k: torch.Tensor | None, tok: torch.Tensor,
             p_node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(g, q_k)`` after rejecting ``tok``; rows ``[R, V]``."""
     if scheme == DETERMINISTIC:
@@ -390,7 +388,7 @@ def verify_tree(rule: Rule, p: torch.Tensor, q: torch.Tensor | None, tree: Draft
     """
     if not isinstance(tree, DraftTree):
         raise TypeError(f"verify_tree expects a DraftTree, got {type(tree).__name__}")
-    p, q = _check_tree_inputs(p, q, tree)
+    p, q = check_tree_inputs(p, q, tree)
     uniform_chain = tree.is_uniform_chain()
     check_tree_rule(rule, tree.scheme, tree.max_branching, uniform_chain)
     deterministic = tree.scheme == DETERMINISTIC
@@ -450,12 +448,12 @@ def _verify_tree_path(rule: PerTokenRule, p: torch.Tensor, q: torch.Tensor | Non
                 active &= ~tried[rows, tok]
             if not active.any():
                 continue                                                  # e.g. a skipped duplicate
-            a = _accept_prob(rule, scheme, g, q_k, tok)
+            a = node_accept_prob(rule, scheme, g, q_k, tok)
             u = uniform((batch,), generator, dtype=g.dtype, device=device)
             accepted = active & (u < a)
             rejected = active & ~accepted
             chosen = torch.where(accepted, child, chosen)
-            g_new, q_new = _reject(rule, scheme, g, q_k, tok, p_node)
+            g_new, q_new = node_reject(rule, scheme, g, q_k, tok, p_node)
             g = torch.where(rejected[:, None], g_new, g)
             if q_k is not None:
                 q_k = torch.where(rejected[:, None], q_new, q_k)
@@ -476,7 +474,7 @@ def _verify_tree_path(rule: PerTokenRule, p: torch.Tensor, q: torch.Tensor | Non
     return path, n_accepted, sample_categorical(final, generator)
 
 
-def _check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
+def check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
                        tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
     batch, width = tree.batch_size, tree.width
     if not isinstance(p, torch.Tensor) or p.dim() != 3:
@@ -515,152 +513,3 @@ def _check_tree_inputs(p: torch.Tensor, q: torch.Tensor | None,
             has_children = tree.n_children.to(p.device) > 0
             check_distribution(q[has_children], "draft q")
     return p, q
-
-
-# -- closed forms --------------------------------------------------------------------------------------
-
-def tree_node_law(rule: Rule, g: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor | None = None,
-                  scheme: Scheme = DETERMINISTIC) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact emitted law at ONE node, given its candidate list.
-
-    ``g: [..., V]`` the processed target at the node; ``candidates: [..., m]`` the children's tokens
-    in order (padding ``-1`` allowed at the end); ``q: [..., V]`` the draft at the node (needed for the
-    sampled schemes). ``-> (law [..., V]`` = P(the node emits token v, as an accepted child or as the
-    correction), ``accept [..., m]`` = P(child k is the accepted one)).
-
-    Sequentially ``P(c_k accepted) = Π_{j<k}(1 − a_j)·a_k`` with ``g`` (and ``q_k``) updated
-    deterministically after each rejection, plus ``Π_j (1 − a_j)·rule.bonus(g_final)``. For the sampled
-    schemes this is the law *conditional on the drawn candidates*; averaged over the draws it is ``p``
-    for a lossless rule (exactly: :func:`sampled_node_law`).
-    """
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown tree scheme {scheme!r}; valid schemes: {', '.join(SCHEMES)}")
-    g = as_float(g)
-    check_distribution(g, "target g")
-    if candidates.dtype.is_floating_point or candidates.dtype == torch.bool:
-        raise TypeError(f"candidates must be an integer tensor, got {candidates.dtype}")
-    if candidates.shape[:-1] != g.shape[:-1]:
-        raise ValueError(f"candidates [..., m] must share the leading shape of g [..., V]; got "
-                         f"{tuple(candidates.shape)} and {tuple(g.shape)}")
-    vocab, m = g.shape[-1], candidates.shape[-1]
-    cand = candidates.reshape(-1, m).long().to(g.device)
-    if ((cand < NO_NODE) | (cand >= vocab)).any():
-        raise ValueError(f"candidate token ids must lie in [0, {vocab}) (padding -1); got {cand.min()}..{cand.max()}")
-    if m > 1 and ((cand[:, :-1] < 0) & (cand[:, 1:] >= 0)).any():
-        raise ValueError("candidate padding (-1) must come after all real candidates")
-    if scheme == DETERMINISTIC:
-        q_flat = None
-    else:
-        if q is None:
-            raise ValueError(f"scheme {scheme!r} samples the candidates from q: pass q [..., V]")
-        q = as_float(q).to(g.dtype)
-        if q.shape != g.shape:
-            raise ValueError(f"q must have the shape of g {tuple(g.shape)}; got {tuple(q.shape)}")
-        check_distribution(q, "draft q")
-        q_flat = q.reshape(-1, vocab)
-        if scheme == WITHOUT_REPLACEMENT:
-            same = (cand[:, :, None] == cand[:, None, :]) & (cand[:, :, None] >= 0)
-            if (same & ~torch.eye(m, dtype=torch.bool, device=cand.device)).any():
-                raise ValueError("scheme 'without_replacement' cannot have duplicate candidates")
-    real_per_row = (cand >= 0).long().sum(-1)
-    check_tree_rule(rule, scheme, int(real_per_row.max()) if real_per_row.numel() else 0)
-
-    p_node = g.reshape(-1, vocab)
-    rows = torch.arange(p_node.shape[0], device=g.device)
-    g_k, q_k = p_node, q_flat
-    survive = torch.ones(p_node.shape[0], dtype=g.dtype, device=g.device)
-    law = torch.zeros_like(p_node)
-    accept = torch.zeros(cand.shape, dtype=g.dtype, device=g.device)
-    tried = torch.zeros_like(p_node, dtype=torch.bool)
-    for k in range(m):
-        tok = cand[:, k].clamp_min(0)
-        active = cand[:, k] >= 0
-        if scheme == DETERMINISTIC:
-            active &= ~tried[rows, tok]
-        a = torch.where(active, _accept_prob(rule, scheme, g_k, q_k, tok), torch.zeros_like(survive))
-        accept[:, k] = survive * a
-        law[rows, tok] += survive * a
-        survive = survive * (1 - a)
-        g_new, q_new = _reject(rule, scheme, g_k, q_k, tok, p_node)
-        g_k = torch.where(active[:, None], g_new, g_k)
-        if q_k is not None:
-            q_k = torch.where(active[:, None], q_new, q_k)
-        tried[rows[active], tok[active]] = True
-    law = law + survive[:, None] * rule.bonus(g_k)
-    return law.reshape(g.shape), accept.reshape(candidates.shape)
-
-
-def sampled_node_law(rule: Rule, g: torch.Tensor, q: torch.Tensor, m: int,
-                     scheme: Scheme = IID) -> tuple[torch.Tensor, torch.Tensor]:
-    """Law of one node averaged over its ``m`` sampled candidates, by exact enumeration.
-
-    ``g, q: [V]``; ``scheme`` ``"iid"`` (``c_k ~ q`` independently) or ``"without_replacement"``
-    (``c_k ~ norm(q·1_{V∖{c_<k}})``). ``-> (law [V], accept [m]`` = P(child k is the accepted one)).
-    Enumerates all ``V^m`` candidate tuples (at most :data:`MAX_ENUMERATION`); for a lossless rule
-    ``law = p`` exactly.
-    """
-    if scheme not in SAMPLED_SCHEMES:
-        raise ValueError(f"sampled_node_law needs a sampled scheme ({', '.join(SAMPLED_SCHEMES)}); got {scheme!r}")
-    if g.dim() != 1 or q.shape != g.shape:
-        raise ValueError(f"sampled_node_law expects g: [V] and q: [V]; got {tuple(g.shape)}, {tuple(q.shape)}")
-    g, q = as_float(g), as_float(q).to(as_float(g).dtype)
-    vocab = g.shape[0]
-    if vocab**m > MAX_ENUMERATION:
-        raise ValueError(f"sampled_node_law enumerates V^m = {vocab}^{m} tuples, more than {MAX_ENUMERATION}")
-    if scheme == WITHOUT_REPLACEMENT and int((q > 0).sum()) < m:
-        raise ValueError(f"q has only {int((q > 0).sum())} tokens of positive probability: {m} candidates cannot "
-                         "be drawn without replacement")
-    tuples = [t for t in itertools.product(range(vocab), repeat=m)
-              if scheme == IID or len(set(t)) == m]
-    weights = []
-    for t in tuples:
-        w, left = 1.0, 1.0
-        for c in t:
-            w *= q[c].item() / left if left > 0 else 0.0
-            if scheme == WITHOUT_REPLACEMENT:
-                left -= q[c].item()
-        weights.append(w)
-    weight = torch.tensor(weights, dtype=g.dtype)
-    keep = weight > 0
-    cand = torch.tensor(tuples, dtype=torch.long).reshape(len(tuples), m)[keep]
-    law, accept = tree_node_law(rule, g.expand(len(cand), vocab), cand, q.expand(len(cand), vocab), scheme)
-    w = weight[keep][:, None]
-    return (w * law).sum(0), (w * accept).sum(0)
-
-
-def tree_path_law(rule: Rule, p: torch.Tensor, q: torch.Tensor | None,
-                  tree: DraftTree, row: int = 0) -> dict[tuple[tuple[int, ...], int], float]:
-    """Exact law of ``verify_tree``'s outcome ``(path, next_token)`` for one batch row.
-
-    ``p, q`` as for :func:`verify_tree`. Returns ``{(path as node indices, next token): probability}``
-    over the outcomes of positive probability (sums to 1). Per-token rules on non-chain-dispatched
-    trees only (the tree form; a sampled uniform chain has the same law through ``rule.verify``).
-    """
-    p1, q1 = _check_tree_inputs(p[row : row + 1], None if q is None else q[row : row + 1],
-                                DraftTree(tree.tokens[row : row + 1], tree.parents[row : row + 1], tree.scheme))
-    check_tree_rule(rule, tree.scheme, tree.max_branching)
-    children = tree.children[row]
-    tokens = tree.tokens[row]
-    law: dict[tuple[tuple[int, ...], int], float] = {}
-
-    def visit(slot: int, prefix: tuple[int, ...], weight: float) -> None:
-        kids = [int(c) for c in children[slot] if c >= 0]
-        g = p1[0, slot]
-        if not kids:
-            dist = rule.bonus(g[None])[0]
-            emit, accept = dist, torch.zeros(0, dtype=g.dtype)
-        else:
-            cand = tokens[kids]
-            q_row = None if q1 is None or tree.scheme == DETERMINISTIC else q1[0, slot][None]
-            emit, accept = tree_node_law(rule, g[None], cand[None], q_row, tree.scheme)
-            emit, accept = emit[0].clone(), accept[0]
-            emit.index_add_(0, cand, -accept)          # what is left is the correction's mass
-        for z in torch.nonzero(emit > 1e-15).flatten().tolist():
-            key = (prefix, z)
-            law[key] = law.get(key, 0.0) + weight * emit[z].item()
-        for child, a in zip(kids, accept.tolist()):
-            if a > 0:
-                visit(child + 1, prefix + (child,), weight * a)
-
-    visit(0, (), 1.0)
-    return law
