@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.fake_lm import FakeLM
+from tests.helpers.bench_fakes import DigitLM
 from verispec import rules as R
 from verispec.bench import distortion, runner
 from verispec.bench.report import build_report
@@ -20,16 +20,12 @@ from verispec.sampling import SamplingConfig
 RULES = ["lossless", "speccascade:p_base=0.3", "lenience:ell=0.5", "cos_we:lam=0.5", "ceiling:kappa=2,base=we,lam=0.5"]
 
 
-class DigitLM(FakeLM):
-    def __init__(self, seed: int) -> None:
-        super().__init__(vocab=10, seed=seed, alphabet="0123456789", scale=1.5)
-
-    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
-        return [sum(map(ord, user_message)) % 10, len(user_message) % 10]
+#: logits scale of the digit models here: peakier than the bench tests' (the distortions are larger)
+SCALE = 1.5
 
 
 def fake_models(cfg, need_draft):
-    return DigitLM(1), (DigitLM(2) if need_draft else None), 10
+    return DigitLM(1, SCALE), (DigitLM(2, SCALE) if need_draft else None), 10
 
 
 def _config(tmp_path: Path, **kw) -> runner.BenchConfig:
@@ -81,7 +77,7 @@ def test_recorded_rows_are_the_target_and_draft_distributions_of_the_trajectory(
     key, samples = _lossless_run(out)
     s = samples[0]
     records, _, _ = distortion.load_positions(out, key.run_id, [s.key])
-    target, draft = DigitLM(1), DigitLM(2)
+    target, draft = DigitLM(1, SCALE), DigitLM(2, SCALE)
     sampling = SamplingConfig.parse("temperature=1")
     (problems,) = runner.load_problems(_config(tmp), lambda m: None).values()
     (problem,) = [x for x in problems if x.id == s.problem_id]
@@ -98,11 +94,11 @@ def test_recorded_rows_are_the_target_and_draft_distributions_of_the_trajectory(
 def test_observer_does_not_change_the_generation(tmp_path):
     from verispec.engine import generate
 
-    target, draft = DigitLM(1), DigitLM(2)
+    target, draft = DigitLM(1, SCALE), DigitLM(2, SCALE)
     kw = dict(rule="lossless", sampling=SamplingConfig.parse("temperature=1"), gamma=3, max_new_tokens=20, seed=11)
     plain = generate(target, draft, [1, 2], **kw)
     rec = distortion.SampleRecording("ds", "p")
-    observed = generate(DigitLM(1), DigitLM(2), [1, 2], observers=[rec], **kw)
+    observed = generate(DigitLM(1, SCALE), DigitLM(2, SCALE), [1, 2], observers=[rec], **kw)
     assert observed.tokens == plain.tokens and rec.steps == sum(plain.stats.accepted_hist) > 0
 
 

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from verispec.bench.records import RunKey, SampleRecord
 from verispec.bench.report import (
     TRUNCATION_WARN_SHARE,
     Accuracy,
@@ -29,7 +30,7 @@ from verispec.bench.stats import (
     paired_difference,
     wilson_interval,
 )
-from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.bench.store import ResultStore
 
 Z95 = 1.959963984540054
 N_PROB, N_SAMP = 10, 2

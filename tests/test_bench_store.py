@@ -17,14 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.stores import run_key, write_v1_store
-from verispec.bench.store import (
-    DEFAULT_DB_NAME,
-    SCHEMA_VERSION,
-    ResultStore,
-    RunKey,
-    SampleRecord,
-    StoreError,
-)
+from verispec.bench.records import RunKey, SampleRecord
+from verispec.bench.store import DEFAULT_DB_NAME, SCHEMA_VERSION, ResultStore, StoreError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -275,7 +269,8 @@ def test_foreign_sqlite_database_is_refused(tmp_path):
 
 WRITER = r'''
 import sys, hashlib
-from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.bench.store import ResultStore
+from verispec.bench.records import RunKey, SampleRecord
 
 db, n_prob, n_samp, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 
@@ -447,7 +442,8 @@ def test_resume_after_sigkill_real(tmp_path):
 
 CONCURRENT = r'''
 import sys
-from verispec.bench.store import ResultStore, RunKey, SampleRecord
+from verispec.bench.store import ResultStore
+from verispec.bench.records import RunKey, SampleRecord
 db, order = sys.argv[1], sys.argv[2]
 st = ResultStore(db)
 rid = st.register_run(RunKey("ds", "r", "s", 1, "d", "t", 8, 0))

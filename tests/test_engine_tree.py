@@ -252,8 +252,8 @@ def test_the_budget_holds_with_trees():
 
 # -- bench and diagnose plumbing ---------------------------------------------------------------------
 def test_bench_runs_carry_the_tree_and_chain_run_ids_do_not_change():
+    from verispec.bench.records import RunKey
     from verispec.bench.runner import BenchConfig, plan_runs
-    from verispec.bench.store import RunKey
 
     key = RunKey(dataset="d", rule="lossless", sampling="", gamma=5, draft="a", target="b", max_new_tokens=8, seed=0)
     assert "tree" not in key.to_dict()
@@ -353,8 +353,8 @@ def test_bench_plans_and_runs_gamma_auto_beside_fixed_gamma(tmp_path, monkeypatc
     cost profile, reported as γ = auto."""
     from tests.helpers.bench_fakes import DigitLM, config, fake_models
     from verispec.bench import runner
+    from verispec.bench.records import RunKey
     from verispec.bench.rows import collect_rows
-    from verispec.bench.store import RunKey
 
     plan = runner.plan_runs(runner.BenchConfig(datasets=["gsm8k"], rules=["lenience:ell=0.5"], gammas=[3, "auto"]),
                             "d", "t")

@@ -212,7 +212,8 @@ def _store_with_old_verdicts(tmp_path):
     """A bench directory as the old checkers left it: a custom JSONL with its own field names."""
     import json
 
-    from verispec.bench.store import ResultStore, RunKey, SampleRecord
+    from verispec.bench.records import RunKey, SampleRecord
+    from verispec.bench.store import ResultStore
 
     data = tmp_path / "mine.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in [

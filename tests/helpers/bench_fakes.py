@@ -14,8 +14,8 @@ from verispec.bench import runner
 class DigitLM(FakeLM):
     """Emits digits, so a GSM8K-style checker grades its (random) answers; chat prompt = hashed text."""
 
-    def __init__(self, seed: int) -> None:
-        super().__init__(vocab=10, seed=seed, alphabet="0123456789", scale=1.0)
+    def __init__(self, seed: int, scale: float = 1.0) -> None:
+        super().__init__(vocab=10, seed=seed, alphabet="0123456789", scale=scale)
 
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
         return [sum(map(ord, user_message)) % 10, len(user_message) % 10]

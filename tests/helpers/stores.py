@@ -7,7 +7,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from verispec.bench.store import RunKey
+from verispec.bench.records import RunKey
 
 
 def run_key(**kw) -> RunKey:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from verispec.outputs import atomic_path, write_text_atomic
 
 #: directory (next to the store) holding the recorded positions
 POSITIONS_DIR = "positions"
@@ -125,18 +126,14 @@ class SampleRecording:
         self.flush()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        self.recorder.save(tmp)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            self.recorder.save(tmp)
         if decode is not None and len(self.recorder):
             import numpy as np
 
             ids = np.unique(self.recorder.arrays["token_ids"]).tolist()
             text = json.dumps({str(t): decode(int(t)) for t in ids}, ensure_ascii=False)
-            tok = path.with_suffix(".tokens.json")
-            tok_tmp = tok.with_name(tok.name + ".tmp")
-            tok_tmp.write_text(text, encoding="utf-8")
-            os.replace(tok_tmp, tok)
+            write_text_atomic(path.with_suffix(".tokens.json"), text)
         return path
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from verispec import rules as rule_registry
 from verispec.bench.distortion import RECORDED_RULE, SampleRecording, positions_path
-from verispec.bench.store import RunKey, SampleRecord
+from verispec.bench.records import RunKey, SampleRecord
 from verispec.engine import cached_profile, generate, generate_target_only, measure_costs
 from verispec.engine.batch import generate_batch, generate_target_only_batch
 from verispec.engine.costs import DEFAULT_G_MAX

@@ -25,13 +25,14 @@ from pathlib import Path
 from verispec import rules as rule_registry
 
 from .distortion import RECORDED_RULE, RuleDistortion, distortions, load_positions
+from .records import RunKey, SampleRecord
 from .stats import (
     clustered_paired_difference,
     clustered_proportion,
     paired_difference,
     wilson_interval,
 )
-from .store import ResultStore, RunKey, SampleRecord
+from .store import ResultStore
 
 __all__ = [
     "Accuracy",

@@ -42,7 +42,8 @@ from verispec.bench.executors import (
     UnitResult,
     check_batchable,
 )
-from verispec.bench.store import ResultStore, RunKey
+from verispec.bench.records import RunKey
+from verispec.bench.store import ResultStore
 from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.tree import TreeShape
 from verispec.models import check_model_sources, is_ngram_draft

@@ -59,24 +59,19 @@ the same file concurrently (``busy_timeout`` waits for the writer lock).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import shutil
 import sqlite3
 import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from verispec.bench.records import STAT_COLUMNS, RunKey, SampleRecord
 
 __all__ = [
     "SCHEMA_VERSION",
     "DEFAULT_DB_NAME",
-    "ROLES",
-    "RunKey",
-    "SampleRecord",
     "ResultStore",
     "StoreError",
     "write_error",
@@ -84,8 +79,6 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 DEFAULT_DB_NAME = "results.sqlite"
-ROLES = ("method", "baseline", "target_only", "lossless_ref")
-RUN_ID_LEN = 16  # hex chars of sha256 (64 bits): collisions are not a practical concern
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -145,138 +138,8 @@ def write_error(path: Path, exc: sqlite3.Error) -> StoreError:
     return StoreError(f"cannot write the result store {path} (SQLite: {msg}); {kept}")
 
 
-@dataclass(frozen=True)
-class RunKey:
-    """Identity of one run of the grid.  ``run_id`` is a short sha256 of :meth:`canonical_json`."""
-
-    dataset: str
-    rule: str
-    sampling: str
-    gamma: int
-    draft: str
-    target: str
-    max_new_tokens: int
-    seed: int
-    role: str = "method"  # "method" | "baseline" | "target_only" | "lossless_ref"
-    tree: str = ""        # draft tree shape (TreeShape.text()); "" = a chain of gamma tokens
-    gamma_policy: str = ""  # "auto": γ chosen per step by the cost model, up to ``gamma``; "" = fixed γ
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
-        for name in ("gamma", "max_new_tokens", "seed"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"RunKey.{name} must be int, got {type(v).__name__}")
-        for name in ("dataset", "rule", "sampling", "draft", "target", "tree", "gamma_policy"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"RunKey.{name} must be str")
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        for name in ("tree", "gamma_policy"):
-            if not d[name]:
-                del d[name]   # fixed-γ chains keep the run ids they had before these fields existed
-        return d
-
-    def canonical_json(self) -> str:
-        """Sorted keys, no whitespace, UTF-8 kept: the exact bytes that are hashed."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-    @property
-    def run_id(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()[:RUN_ID_LEN]
-
-    @property
-    def family(self) -> str:
-        """Rule family: the rule name before the first ':' (``"cascade:0.5"`` -> ``"cascade"``)."""
-        return self.rule.split(":", 1)[0]
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunKey":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    @classmethod
-    def from_json(cls, s: str) -> "RunKey":
-        return cls.from_dict(json.loads(s))
-
-
-#: ``Stats.to_dict()`` fields that the sample table also keeps as columns
-_STAT_COLUMNS = ("new_tokens", "target_calls", "draft_calls", "accepted_hist", "wall_s", "draft_s", "verify_s",
-                 "other_s")
 #: ``Stats.to_dict()`` fields that version 1 stores hand-copied into ``meta``
 _V1_META_STATS = ("stop_reason", "cost_model_speedup", "rule_s", "prefill_s", "per_position_acceptance")
-
-
-@dataclass
-class SampleRecord:
-    """One generated sample of one problem in one run.
-
-    ``stats`` is the engine's ``Stats.to_dict()``; build a record from it with :meth:`from_stats`,
-    which fills the numeric columns from it.  ``meta`` holds what the bench adds (checker detail,
-    ``correct_flexible``, seed, difficulty).
-    """
-
-    run_id: str
-    problem_id: str
-    sample_idx: int
-    output: str
-    extracted: str | None
-    correct: bool
-    new_tokens: int
-    target_calls: int
-    draft_calls: int
-    accepted_hist: list[int]  # index = number of draft tokens accepted in a step, value = count
-    wall_s: float
-    draft_s: float
-    verify_s: float
-    other_s: float
-    meta: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_stats(cls, run_id: str, problem_id: str, sample_idx: int, *, output: str, extracted: str | None,
-                   correct: bool, stats: dict, meta: dict | None = None) -> "SampleRecord":
-        """A record whose numeric columns come from ``stats`` (an engine ``Stats.to_dict()``)."""
-        missing = [k for k in _STAT_COLUMNS if k not in stats]
-        if missing:
-            raise ValueError(f"stats lacks {missing}: pass the engine's Stats.to_dict()")
-        return cls(
-            run_id=run_id, problem_id=problem_id, sample_idx=sample_idx, output=output, extracted=extracted,
-            correct=bool(correct), new_tokens=int(stats["new_tokens"]), target_calls=int(stats["target_calls"]),
-            draft_calls=int(stats["draft_calls"]), accepted_hist=[int(v) for v in stats["accepted_hist"]],
-            wall_s=float(stats["wall_s"]), draft_s=float(stats["draft_s"]), verify_s=float(stats["verify_s"]),
-            other_s=float(stats["other_s"]), meta=dict(meta or {}), stats=dict(stats),
-        )
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.problem_id, self.sample_idx)
-
-    def _stat(self, name: str) -> Any:
-        # records built by hand (tests, other tools) may carry engine fields in meta only
-        return self.stats[name] if name in self.stats else self.meta.get(name)
-
-    @property
-    def stop_reason(self) -> str:
-        """``"eos"``, ``"stop"`` or ``"length"`` (the token budget ran out); ``""`` when unknown."""
-        return str(self._stat("stop_reason") or "")
-
-    @property
-    def truncated(self) -> bool:
-        return self.stop_reason == "length"
-
-    @property
-    def cost_model_speedup(self) -> Any:
-        return self._stat("cost_model_speedup")
-
-    @property
-    def correct_flexible(self) -> bool | None:
-        """The checker's lenient verdict (e.g. GSM8K flexible extraction); None when it gives none."""
-        v = self.meta.get("correct_flexible")
-        return None if v is None else bool(v)
-
 
 _SAMPLE_COLS = (
     "run_id, problem_id, sample_idx, output, extracted, correct, new_tokens, target_calls, "
@@ -472,9 +335,9 @@ class ResultStore:
                       (new_id[rid], new_key[rid].canonical_json(), json.dumps(pair, sort_keys=True), rid))
             c.execute("UPDATE samples SET run_id = ? WHERE run_id = ?", (new_id[rid], rid))
         c.execute("ALTER TABLE samples ADD COLUMN stats TEXT NOT NULL DEFAULT '{}'")
-        cols = ", ".join(_STAT_COLUMNS)
+        cols = ", ".join(STAT_COLUMNS)
         for row in c.execute(f"SELECT rowid, {cols}, meta FROM samples").fetchall():
-            stats = dict(zip(_STAT_COLUMNS, row[1:-1]))
+            stats = dict(zip(STAT_COLUMNS, row[1:-1]))
             stats["accepted_hist"] = json.loads(stats["accepted_hist"])
             meta = json.loads(row[-1])
             stats.update({k: meta[k] for k in _V1_META_STATS if k in meta})
