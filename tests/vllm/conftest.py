@@ -88,14 +88,18 @@ def _shutdown(llm) -> None:
         pass
 
 
+def _draft_model_engine(tiny_models, draft_sample_method: str):
+    from verispec.integrations.vllm import make_llm
+
+    return make_llm(tiny_models.target_dir, rule="lossless", speculative_config={
+        "method": "draft_model", "model": tiny_models.draft_dir, "num_speculative_tokens": GAMMA,
+        "draft_sample_method": draft_sample_method}, **ENGINE_KW)
+
+
 @pytest.fixture(scope="session")
 def sd_engine(tiny_models):
     """Draft-model speculative decoding with probabilistic drafts (q reaches the sampler), γ = GAMMA."""
-    from verispec.integrations.vllm import make_llm
-
-    llm = make_llm(tiny_models.target_dir, rule="lossless", speculative_config={
-        "method": "draft_model", "model": tiny_models.draft_dir, "num_speculative_tokens": GAMMA,
-        "draft_sample_method": "probabilistic"}, **ENGINE_KW)
+    llm = _draft_model_engine(tiny_models, "probabilistic")
     yield llm
     _shutdown(llm)
 
@@ -103,11 +107,7 @@ def sd_engine(tiny_models):
 @pytest.fixture(scope="session")
 def greedy_draft_engine(tiny_models):
     """Draft-model speculative decoding with greedy drafts: each draft is a point mass (as ngram's)."""
-    from verispec.integrations.vllm import make_llm
-
-    llm = make_llm(tiny_models.target_dir, rule="lossless", speculative_config={
-        "method": "draft_model", "model": tiny_models.draft_dir, "num_speculative_tokens": GAMMA,
-        "draft_sample_method": "greedy"}, **ENGINE_KW)
+    llm = _draft_model_engine(tiny_models, "greedy")
     yield llm
     _shutdown(llm)
 
@@ -117,7 +117,6 @@ def target_engine(tiny_models):
     """The target alone (no speculative decoding): target-only runs and true baselines."""
     from verispec.integrations.vllm import make_target_llm
 
-    kw = {k: v for k, v in ENGINE_KW.items() if k != "per_request_spec_decode_metrics"}
-    llm = make_target_llm(tiny_models.target_dir, **kw)
+    llm = make_target_llm(tiny_models.target_dir, **ENGINE_KW)   # the SD engines' options, as the bench passes them
     yield llm
     _shutdown(llm)

@@ -100,3 +100,16 @@ def test_the_bench_cli_plans_through_vllm_and_refuses_what_vllm_cannot_run(tmp_p
     executor = vllm_executor(args, cfg, cluster_from_args(args))
     assert executor.vllm_kwargs["tensor_parallel_size"] == 2
     assert executor.vllm_kwargs["distributed_executor_backend"] == "ray"
+
+
+def test_two_engines_fit_on_vllms_cpu_backend_unless_the_user_sizes_them(monkeypatch):
+    """vLLM's CPU backend reserves 92% of the host per engine by default, so the bench's second engine could not
+    start: the executor gives each a KV cache of CPU_KV_CACHE_BYTES, unless an option or the environment sizes it."""
+    from verispec.integrations.vllm.executor import CPU_KV_CACHE_BYTES, cpu_memory_defaults
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert cpu_memory_defaults({"dtype": "float32"}) == {"dtype": "float32",
+                                                         "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    assert cpu_memory_defaults({"gpu_memory_utilization": 0.4}) == {"gpu_memory_utilization": 0.4}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert cpu_memory_defaults({}) == {}

@@ -11,7 +11,10 @@ interrupted bench still compares every run on the same problems); each row is ch
 ``vllm_kwargs`` pass to every engine unchanged (``tensor_parallel_size``, ``pipeline_parallel_size``,
 ``distributed_executor_backend="ray"``, ``gpu_memory_utilization``, ``dtype``, ...); the target-only and the
 speculative engines are alive together, so on a GPU give each a share of the memory
-(``gpu_memory_utilization=0.45``). ``engines`` hands in engines already built (tests, notebooks).
+(``gpu_memory_utilization=0.45``). On vLLM's CPU backend ``gpu_memory_utilization`` is the share of the host's
+memory each engine reserves (0.92 by default, so a second engine cannot start): there, unless the options or
+``VLLM_CPU_KVCACHE_SPACE`` say otherwise, each engine gets a KV cache of :data:`CPU_KV_CACHE_BYTES`.
+``engines`` hands in engines already built (tests, notebooks).
 
 The bench wiring (``verispec bench --engine vllm``) lives in the bench CLI; this module needs only the plan.
 """
@@ -26,6 +29,24 @@ from verispec.models import is_ngram_draft
 
 #: The keys of ``engines`` (prebuilt engines): the target-only engine, and ``("sd", γ)`` per draft length.
 TARGET = "target"
+#: KV cache of each engine on vLLM's CPU backend when nothing else sizes it (2 GiB)
+CPU_KV_CACHE_BYTES = 2 << 30
+#: options that size an engine's memory: where one is given, the CPU default is not applied
+_MEMORY_OPTIONS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+
+
+def cpu_memory_defaults(vllm_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``vllm_kwargs`` with a KV cache of :data:`CPU_KV_CACHE_BYTES` on vLLM's CPU backend where neither an
+    option nor ``VLLM_CPU_KVCACHE_SPACE`` sizes the engines' memory (vLLM's default reserves 92% of the host
+    for one engine)."""
+    import os
+
+    from vllm.platforms import current_platform
+
+    if (current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+            and not any(k in vllm_kwargs for k in _MEMORY_OPTIONS)):
+        return {**vllm_kwargs, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    return vllm_kwargs
 
 
 class VllmExecutor:
@@ -42,6 +63,8 @@ class VllmExecutor:
         self.cfg, self.out, self.batch_size = cfg, Path(out), batch_size
         self.vllm_kwargs = dict(vllm_kwargs or {})
         self.vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
+        if not engines:
+            self.vllm_kwargs = cpu_memory_defaults(self.vllm_kwargs)
         self.speculative = dict(speculative or {})
         self.engines: dict = dict(engines or {})
         self._owned: list = []
@@ -51,7 +74,6 @@ class VllmExecutor:
     # -- Executor protocol ------------------------------------------------------------------------
     def start(self, need_draft: bool) -> None:
         from verispec.bench.executors import SampleRunner
-
         from verispec.integrations.vllm.compat import VLLM_VERSION
 
         # rows only (no verispec models); each row records how it was decoded

@@ -54,13 +54,21 @@ def make_llm(model: str, *, speculative_config: dict, rule: str = "lossless", re
                **vllm_kwargs)
 
 
+#: options that only an engine with speculative decoding takes (vLLM refuses them without): the same options
+#: can then configure both engines of a comparison
+_SPECULATIVE_ONLY = ("per_request_spec_decode_metrics",)
+
+
 def make_target_llm(model: str, **vllm_kwargs: Any):
-    """The same model without speculative decoding, able to sample true baselines (``logits_processors``)."""
+    """The same model without speculative decoding, able to sample true baselines (``logits_processors``).
+    Options that only speculative decoding takes (per-request draft metrics) are dropped."""
     from verispec.integrations.vllm.baseline import BASELINE_PROCESSOR
     from vllm import LLM
 
     if "speculative_config" in vllm_kwargs:
         raise ValueError("make_target_llm builds the engine without speculative decoding; use make_llm for SD")
+    for name in _SPECULATIVE_ONLY:
+        vllm_kwargs.pop(name, None)
     processors = list(vllm_kwargs.pop("logits_processors", None) or [])
     if BASELINE_PROCESSOR not in processors:
         processors.append(BASELINE_PROCESSOR)
