@@ -217,7 +217,7 @@ def test_a_killed_driver_resumes_from_the_store(tmp_path, reference, cluster):
         for line in proc.stdout:
             if "to go" in line:
                 break
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180    # generous: a loaded machine starts Ray workers slowly
         while time.monotonic() < deadline and (not db.exists() or count(out) < 4):
             time.sleep(0.2)
         proc.send_signal(signal.SIGKILL)   # the driver, mid-run, with units in flight on its workers
