@@ -252,7 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_calibrate)
 
     _add_bench_parsers(sub)
+    _add_integration_parsers(sub)
     return ap
+
+
+def _add_integration_parsers(sub) -> None:
+    from verispec.integrations.lm_eval import add_lm_eval_parser
+    from verispec.serve.cli import add_serve_parser
+
+    add_serve_parser(sub)
+    add_lm_eval_parser(sub)
 
 
 def _add_bench_parsers(sub) -> None:

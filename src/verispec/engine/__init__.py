@@ -1,7 +1,8 @@
 """Decoding over :class:`~verispec.models.Backend` s: target-only sampling and speculative decoding on chains
-and trees (:func:`generate`, :func:`generate_target_only`), batched (:func:`generate_batch`), with the draft
-length fixed or chosen by the machine's cost profile (``gamma="auto"``: :class:`CostProfile`,
-:func:`cached_profile`)."""
+and trees (:func:`generate`, :func:`generate_target_only`), batched (:func:`generate_batch`; rows admitted and
+retired one by one: :class:`verispec.engine.session.BatchSession`), with the draft length fixed or chosen by the
+machine's cost profile (``gamma="auto"``: :class:`CostProfile`, :func:`cached_profile`). One request of a server
+or harness, checked and run either way: :mod:`verispec.engine.request`."""
 
 from verispec.engine.batch import BatchResult, generate_batch, generate_target_only_batch
 from verispec.engine.calibrate import cached_profile, measure_costs, measure_profile

@@ -55,15 +55,16 @@ def cmd_lm_eval(args) -> int:
 
 def run_lm_eval(args, lm_eval_args: list[str]) -> int:
     """The flags become the ``verispec`` model's defaults, then lm_eval's CLI runs with ``lm_eval_args``."""
-    from lm_eval.__main__ import cli_evaluate
-
-    from verispec.integrations.lm_eval_model import DEFAULTS, register
-
     if args.lookup:
         raise ValueError("--lookup: choose prompt lookup with --draft-source ngram")
     if not lm_eval_args:
         raise ValueError("give lm_eval's arguments after `--`, e.g. verispec lm-eval --rule lossless -- --tasks "
                          "gsm8k --limit 10")
+    check_flags(args)
+    from lm_eval.__main__ import cli_evaluate
+
+    from verispec.integrations.lm_eval_model import DEFAULTS, register
+
     DEFAULTS.clear()
     DEFAULTS.update(rule=args.rule, gamma=args.gamma, tree=args.tree, draft_source=args.draft_source,
                     baseline=args.baseline, seed=args.seed, rows=args.batch_size, target=args.target,
@@ -81,6 +82,22 @@ def run_lm_eval(args, lm_eval_args: list[str]) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+def check_flags(args) -> None:
+    """Refuse flags that make no valid decoding (a ``ValueError`` naming the flag) before lm_eval loads anything."""
+    from verispec.engine.request import resolve_decode
+    from verispec.models import is_ngram_draft
+    from verispec.sampling import SamplingConfig
+
+    draft = args.draft_source or ("ngram" if is_ngram_draft(args.draft) else "model")
+    try:
+        resolve_decode(rule=args.rule, gamma=args.gamma, tree=args.tree, draft=draft, baseline=args.baseline,
+                       sampling=SamplingConfig(), max_tokens=1)
+    except ValueError as exc:
+        flag = {"verification.rule": "--rule", "verification.gamma": "--gamma", "verification.tree": "--tree",
+                "verification.draft": "--draft-source"}.get(getattr(exc, "param", None), "--rule/--gamma/--tree")
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

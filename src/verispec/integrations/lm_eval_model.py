@@ -20,74 +20,20 @@ model distribution, temperature 1; :meth:`BatchSession.score`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from verispec.engine.config import resolve
-from verispec.engine.costs import CostProfile
-from verispec.engine.session import BatchSession, RowRequest
+from verispec.engine.request import DRAFT_SOURCES, Decode, generate_single, resolve_verification, row_request
+from verispec.engine.session import BatchSession
 from verispec.models.base import tokenizer_size
-from verispec.rules import Rule
-from verispec.rules import get as get_rule
 from verispec.sampling import SamplingConfig
 
 MODEL_NAME = "verispec"
-DRAFT_SOURCES = ("model", "ngram", "none")
 #: Defaults of the model's arguments; ``verispec lm-eval`` writes its flags here before running lm_eval.
 DEFAULTS: dict[str, Any] = {}
-#: A placeholder profile: lets :func:`resolve` check ``gamma="auto"`` before any measurement.
-_CHECK_PROFILE = CostProfile(draft_token=0.01, target_block=tuple(0.05 * (1 + 0.1 * g) for g in range(9)))
-
-
-@dataclass
-class Decoding:
-    """What one request decodes: ``rule`` None for target-only (``sampling`` then holds a true baseline's
-    truncation), ``gamma`` an integer or ``"auto"``, ``draft`` model / ngram / none."""
-
-    rule: Rule | None
-    sampling: SamplingConfig
-    max_tokens: int
-    stop: list[str] = field(default_factory=list)
-    gamma: int | str = 0
-    tree: str | None = None
-    draft: str = "none"
-
-    @property
-    def batched(self) -> bool:
-        return self.rule is None or (self.draft == "model" and self.tree is None and isinstance(self.gamma, int)
-                                     and not self.rule.needs_raw)
-
-    @property
-    def room(self) -> int:
-        """Context a verification may need beyond the committed tokens."""
-        if self.rule is None:
-            return 0
-        return 65 if self.gamma == "auto" or self.tree is not None else int(self.gamma) + 1
-
-
-def resolve_decoding(*, rule: str, gamma: int | str, tree: str | None, draft: str, baseline: bool,
-                     sampling: SamplingConfig, max_tokens: int, stop: list[str], has_draft: bool) -> Decoding:
-    """Check a decoding (``ValueError`` naming what is wrong) and resolve it (a baseline's truncation)."""
-    if draft not in DRAFT_SOURCES:
-        raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
-    rule_obj = get_rule(rule)
-    if baseline:
-        trunc = rule_obj.baseline_truncation()
-        return Decoding(None, sampling.with_truncation(**trunc) if trunc else sampling, max_tokens, stop)
-    if draft == "none":
-        return Decoding(None, sampling, max_tokens, stop)
-    if draft == "model" and not has_draft:
-        raise ValueError("no draft model is loaded: give --draft, or draft_source ngram / none")
-    cfg = resolve(rule=rule_obj, gamma=gamma, tree=tree, draft_stop=0.0,
-                  costs=_CHECK_PROFILE if gamma == "auto" else None, draft=draft == "model", lookup=draft == "ngram",
-                  head=None)
-    if cfg.tree is not None:
-        return Decoding(rule_obj, sampling, max_tokens, stop, cfg.gamma, cfg.tree.spec(), draft)
-    return Decoding(rule_obj, sampling, max_tokens, stop, "auto" if gamma == "auto" else cfg.gamma, None, draft)
 
 
 class VerispecLM(TemplateLM):
@@ -129,22 +75,18 @@ class VerispecLM(TemplateLM):
         self.decoding({})       # the settings must make a valid decoding: fail now, not after loading the data
 
     # -- settings ------------------------------------------------------------------------------------
-    def decoding(self, gen_kwargs: dict, max_tokens: int | None = None, stop: list[str] | None = None) -> Decoding:
+    def decoding(self, gen_kwargs: dict, max_tokens: int | None = None, stop: list[str] | None = None) -> Decode:
         """The decoding of one request's generation arguments over the model's settings."""
         greedy = not gen_kwargs.get("do_sample", False) or float(gen_kwargs.get("temperature") or 0.0) == 0.0
         values = {"temperature": 0.0 if greedy else float(gen_kwargs.get("temperature", 1.0))}
         for key in ("top_p", "top_k", "min_p"):
             if gen_kwargs.get(key) is not None:
                 values[key] = gen_kwargs[key]
-        ver = gen_kwargs.get("verification") or {}
-        if not isinstance(ver, dict) or set(ver) - {"rule", "gamma", "tree", "draft"}:
-            raise ValueError(f"verispec model: 'verification' takes {{rule, gamma, tree, draft}}, got {ver!r}")
-        return resolve_decoding(rule=ver.get("rule", self.rule), gamma=ver.get("gamma", self.gamma),
-                                tree=ver.get("tree", self.tree if "gamma" not in ver else None),
-                                draft=ver.get("draft", self.draft), baseline=bool(gen_kwargs.get("baseline",
-                                                                                                 self.baseline)),
-                                sampling=SamplingConfig(**values), max_tokens=max_tokens or self.max_gen_toks,
-                                stop=stop or [], has_draft=self.draft_rows is not None)
+        sources = tuple(x for x in DRAFT_SOURCES if x != "model" or self.draft_rows is not None)
+        return resolve_verification(gen_kwargs.get("verification"), rule=self.rule, gamma=self.gamma, tree=self.tree,
+                                    draft=self.draft, baseline=bool(gen_kwargs.get("baseline", self.baseline)),
+                                    sampling=SamplingConfig(**values), max_tokens=max_tokens or self.max_gen_toks,
+                                    stop=stop or [], seed=self.seed, draft_sources=sources)
 
     # -- TemplateLM ----------------------------------------------------------------------------------
     @property
@@ -219,7 +161,7 @@ class VerispecLM(TemplateLM):
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             d = self.decoding(gen_kwargs, int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)), until)
-            keep = self.max_length - d.max_tokens - d.room
+            keep = self.max_length - d.max_tokens - d.verify_room
             if keep < 1:
                 raise ValueError(f"max_gen_toks {d.max_tokens} leaves no room for a prompt in a context of "
                                  f"{self.max_length} tokens: raise n_ctx or lower max_gen_toks")
@@ -235,8 +177,7 @@ class VerispecLM(TemplateLM):
                 bar.update(1)
 
             for i, ids, d in batched:
-                session.admit(RowRequest(ids, d.max_tokens, d.sampling, rule=d.rule, gamma=d.gamma or 5, stop=d.stop,
-                                         seed=self.seed, on_done=done, tag=i))
+                session.admit(row_request(ids, d, on_done=done, tag=i))
             session.run()
         for i, ids, d in (j for j in jobs if not j[2].batched):
             results[i] = self._generate_one(ids, d).text
@@ -246,24 +187,13 @@ class VerispecLM(TemplateLM):
             self.cache_hook.add_partial("generate_until", req.args, text)
         return results
 
-    def _generate_one(self, ids: list[int], d: Decoding):
+    def _generate_one(self, ids: list[int], d: Decode):
         """One request with ``generate`` on the single-sequence pair (loaded on first use)."""
-        from verispec.engine import cached_profile, generate
-        from verispec.engine.costs import DEFAULT_G_MAX
-        from verispec.engine.ngram import NgramDrafter
-
         if self._single is None:
             from verispec.models import load_pair
 
-            self._single = tuple(load_pair(self._settings, need_draft=d.draft == "model")[:2])
-        target, draft = self._single
-        draft_model = draft if d.draft == "model" else None
-        lookup = NgramDrafter(max_tokens=DEFAULT_G_MAX if d.gamma == "auto" else int(d.gamma)) \
-            if d.draft == "ngram" else None
-        costs = cached_profile(target, draft_model, ids)[0] if d.gamma == "auto" else None
-        return generate(target, draft_model, ids, rule=d.rule, sampling=d.sampling, gamma=d.gamma,
-                        max_new_tokens=d.max_tokens, stop=d.stop, seed=self.seed, costs=costs, tree=d.tree,
-                        lookup=lookup)
+            self._single = tuple(load_pair(self._settings, need_draft=self.draft_rows is not None)[:2])
+        return generate_single(*self._single, ids, d)
 
 
 class _ChatPrompt(str):

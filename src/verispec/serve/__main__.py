@@ -1,0 +1,3 @@
+from verispec.serve.cli import main
+
+raise SystemExit(main())
