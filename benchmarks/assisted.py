@@ -168,6 +168,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     profile, measured = cached_profile(target, draft, prompts[0], g_max=args.g_max)
     print(f"cost profile ({'measured now, ' + format(time.perf_counter() - t, '.0f') + ' s' if measured else 'cached'})"
+          f"{'' if profile.busy is None else f', other work {100 * profile.busy:.0f}% of the CPU'}"
           f": target token {1000 * profile.target_token:.0f} ms, c = {profile.c:.3f}, "
           + ", ".join(f"v({k}) = {profile.v(k):.2f}" for k in (1, 2, 3, 5, 8, args.g_max) if k <= profile.g_max))
 

@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     gammas = [int(g) for g in args.gammas.split(",")]
     profile, measured = cached_profile(target, draft, prompts[0], n_threads=args.n_threads,
                                        g_max=max(8, *gammas))
-    print(f"cost profile ({'measured now' if measured else 'cached'}): c = {profile.c:.3f}, "
+    busy = "" if profile.busy is None else f", other work {100 * profile.busy:.0f}% of the CPU"
+    print(f"cost profile ({'measured now' if measured else 'cached'}{busy}): c = {profile.c:.3f}, "
           + ", ".join(f"v({g}) = {profile.v(g):.2f}" for g in range(1, profile.g_max + 1)))
     settings_list = [("target-only", None, 0)]
     for rule in args.rules.split(","):

@@ -115,6 +115,7 @@ def cmd_generate(args) -> int:
         draft, width, args.tree = None, None, None
     else:
         target, draft, width = load_pair(args, need_draft=not args.baseline)
+        draft = _reduced_draft(args, draft)
     if args.no_chat:
         prompt_ids = target.tokenize(args.prompt, add_special=True)
     else:
@@ -151,9 +152,24 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _reduced_draft(args, draft):
+    """The draft with ``--draft-vocab`` output tokens (ranked on ``--draft-vocab-corpus``), or as loaded."""
+    if getattr(args, "draft_vocab", None) is None:
+        if getattr(args, "draft_vocab_corpus", None):
+            raise ValueError("--draft-vocab-corpus ranks the tokens of --draft-vocab: give --draft-vocab N too")
+        return draft
+    if draft is None:
+        raise ValueError("--draft-vocab reduces a draft model's output layer: it needs a draft model (not --draft "
+                         "ngram or --draft-head)")
+    from verispec.models.draft_vocab import draft_vocabulary, with_draft_vocab
+
+    return with_draft_vocab(draft, draft_vocabulary(draft, args.draft_vocab, args.draft_vocab_corpus))
+
+
 #: generate flags that only speculative decoding reads: with --baseline they would be ignored
 _SD_ONLY = {"lookup": "--lookup", "tree": "--tree", "draft_head": "--draft-head", "gamma": "--gamma",
-            "draft_stop": "--draft-stop", "draft": "--draft", "no_cost_model": "--no-cost-model"}
+            "draft_stop": "--draft-stop", "draft": "--draft", "no_cost_model": "--no-cost-model",
+            "draft_vocab": "--draft-vocab", "draft_vocab_corpus": "--draft-vocab-corpus"}
 
 
 def check_generate_flags(args) -> None:
@@ -184,6 +200,7 @@ def cmd_calibrate(args) -> int:
     if g_max < 1:
         raise ValueError(f"--g-max must be >= 1, got {g_max}")
     target, draft, _ = load_pair(args)   # --draft ngram: no draft model, the target's costs alone (lookup)
+    draft = _reduced_draft(args, draft)
     prompt = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
     prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True)
     if prof.has_draft:
@@ -241,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
                    "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")
     flags.add_model_flags(p)
+    flags.add_draft_vocab_flags(p)
     flags.add_decoding_flags(p, allow_auto_gamma=True)
     p.set_defaults(func=cmd_generate)
 
@@ -249,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--g-max", type=flags.positive_int("--g-max"), default=None,
                    help="longest draft measured (default 8)")
     flags.add_model_flags(p)
+    flags.add_draft_vocab_flags(p)
     p.set_defaults(func=cmd_calibrate)
 
     _add_bench_parsers(sub)

@@ -72,6 +72,26 @@ def add_model_flags(ap: argparse.ArgumentParser) -> None:
                     help="dtype for transformers models (float32, bfloat16, float16, float64)")
 
 
+def add_draft_vocab_flags(ap: argparse.ArgumentParser) -> None:
+    """``--draft-vocab`` and ``--draft-vocab-corpus``: a draft computing only its most frequent output tokens
+    (:mod:`verispec.models.draft_vocab`)."""
+    from verispec.models.draft_vocab import parse_size
+
+    def size(text: str) -> int | None:
+        try:
+            return parse_size(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    ap.add_argument("--draft-vocab", type=size, default=None,
+                    help="the draft drafts from its N most frequent output tokens only (e.g. 32768 or 32k; auto: "
+                    "32768; full: all): a cheaper draft forward (transformers: only those rows of its output "
+                    "layer; llama.cpp: a GGUF cut to them, written once to the cache); lossless rules stay exact")
+    ap.add_argument("--draft-vocab-corpus", action="append", default=None,
+                    help="text, code or JSONL file whose token counts rank the draft's vocabulary (repeatable; "
+                    "default: the Python standard library's sources, read locally)")
+
+
 def gamma_value(text: str, allow_auto: bool) -> int | str:
     """``--gamma``: an integer in ``1..MAX_GAMMA``, or ``auto`` where the command allows it."""
     if text.strip().lower() == "auto":

@@ -8,6 +8,14 @@ when asked to refresh (``verispec calibrate``).  The key covers the CPU model, t
 count, the backends' names, devices and (transformers) linear layouts, their model files' sizes and
 mtimes, and the llama.cpp / torch versions, so that a profile is never reused where its costs would
 differ.
+
+A profile measured while other work shared the CPU carries that work's slow-down in every time it holds,
+unevenly (a stall that hits the one-token forward and not the two-token one makes ``v(1) < 1``), and it
+was kept for good. :class:`OtherLoad` therefore measures the share of the machine's CPU time that other
+processes (and the hypervisor, as steal time) took while the profile was measured, from ``/proc/stat``
+less this process's own CPU time; the profile records it (``busy``). A cached profile measured with
+``busy > BUSY_LIMIT`` is measured again as soon as a call finds the machine quiet (a half-second
+sample); while the machine stays busy it is used with a warning.
 """
 
 from __future__ import annotations
@@ -34,13 +42,67 @@ from verispec.sampling import SamplingConfig
 
 _log = logging.getLogger("verispec.costs")
 
+#: a profile measured while other work took more than this share of the machine's CPU is measured again
+#: once the machine is quiet (:func:`cached_profile`)
+BUSY_LIMIT = 0.2
+#: seconds :func:`other_load_now` watches the machine for
+QUIET_SAMPLE_S = 0.5
 
-def _forward_medians(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *,
+
+def _cpu_snapshot() -> tuple[float, float, float] | None:
+    """``(busy, total, own)`` seconds: every CPU's non-idle time (steal included) and all time from
+    ``/proc/stat``, and this process's CPU time; None where ``/proc/stat`` cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+        hz = float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    if len(fields) < 4:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)     # idle + iowait
+    total = sum(fields[:8])                                        # guest time is counted within user
+    own = os.times()
+    return (total - idle) / hz, total / hz, own.user + own.system
+
+
+class OtherLoad:
+    """Context manager: the share of the machine's CPU time (0..1, all cores) that other work took while it
+    was open, in :attr:`share` (None where ``/proc/stat`` is absent): every CPU's busy time, hypervisor
+    steal included, less this process's own CPU time."""
+
+    share: float | None = None
+
+    def __enter__(self) -> OtherLoad:
+        self._start = _cpu_snapshot()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = _cpu_snapshot()
+        if self._start is None or end is None or end[1] <= self._start[1]:
+            self.share = None
+            return
+        busy, total, own = (b - a for a, b in zip(self._start, end))
+        self.share = min(max((busy - own) / total, 0.0), 1.0)
+
+
+def other_load_now(seconds: float = QUIET_SAMPLE_S) -> float | None:
+    """The share of the CPU other work takes now (watched for ``seconds`` while this process sleeps)."""
+    with OtherLoad() as load:
+        time.sleep(seconds)
+    return load.share
+
+
+def _forward_seconds(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *,
                      draft_sizes: Sequence[int], target_sizes: Sequence[int],
                      repeats: int) -> tuple[dict[int, float], dict[int, float]]:
-    """Median seconds of draft and target forwards of each given number of tokens, measured after a
-    prefill of ``prompt_ids`` and rolled back after each call (both caches end holding the prompt;
-    no draft: target forwards only)."""
+    """Seconds of draft and target forwards of each given number of tokens, measured after a prefill of
+    ``prompt_ids`` and rolled back after each call (both caches end holding the prompt; no draft: target
+    forwards only): the fastest of ``repeats`` rounds, each round timing every size once (the sizes in
+    a rotated order, so that no size always follows the same call). Other work on the machine only
+    ever slows a call down, and unevenly -- a stall in one size's calls is what made ``v(1) < 1`` in a
+    profile taken under load --, so the fastest time is the estimate of a call's cost that every size
+    shares; a median is not, unless most calls ran undisturbed."""
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("measuring costs needs a non-empty prompt")
@@ -52,27 +114,28 @@ def _forward_medians(target: Backend, draft: Backend | None, prompt_ids: Sequenc
         backend.forward(ids, all_logits=False)
     base = len(ids)
     filler = ids[-1:] * max(*draft_sizes, *target_sizes)
+    calls = [(who, backend, n) for who, backend, sizes in models for n in sizes]
     stamps: dict[tuple[str, int], list[float]] = {}
-    for _ in range(repeats):
-        for who, backend, sizes in models:
-            for n in sizes:
-                t = time.perf_counter()
-                backend.forward(filler[:n], all_logits=who == "target" and n > 1)
-                stamps.setdefault((who, n), []).append(time.perf_counter() - t)
-                backend.rollback(base)
-    med = {k: sorted(v)[len(v) // 2] for k, v in stamps.items()}
-    return ({n: med["draft", n] for n in draft_sizes if ("draft", n) in med},
-            {n: med["target", n] for n in target_sizes})
+    for r in range(repeats):
+        shift = (r * len(calls)) // max(repeats, 1)
+        for who, backend, n in calls[shift:] + calls[:shift]:
+            t = time.perf_counter()
+            backend.forward(filler[:n], all_logits=who == "target" and n > 1)
+            stamps.setdefault((who, n), []).append(time.perf_counter() - t)
+            backend.rollback(base)
+    best = {k: min(v) for k, v in stamps.items()}
+    return ({n: best["draft", n] for n in draft_sizes if ("draft", n) in best},
+            {n: best["target", n] for n in target_sizes})
 
 
 def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], gamma: int,
                   repeats: int = 5) -> CostProfile:
-    """The profile of one fixed γ, cheaply: median seconds of draft forwards of one and two tokens and of
+    """The profile of one fixed γ, cheaply: seconds of draft forwards of one and two tokens and of
     target forwards of 1..γ+1 tokens after a prefill of ``prompt_ids``, without the engine's own time
     per step (:func:`measure_profile` measures that too, on short generations)."""
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    drafts, targets = _forward_medians(target, draft, prompt_ids, draft_sizes=(1, 2),
+    drafts, targets = _forward_seconds(target, draft, prompt_ids, draft_sizes=(1, 2),
                                        target_sizes=range(1, gamma + 2), repeats=repeats)
     return CostProfile(draft_token=drafts[1], target_block=tuple(targets[n] for n in range(1, gamma + 2)),
                        draft_pair=drafts[2])
@@ -80,19 +143,24 @@ def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], ga
 
 def measure_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[int],
                     g_max: int = DEFAULT_G_MAX, repeats: int = 5) -> CostProfile:
-    """Median seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
-    tokens, measured after a prefill of ``prompt_ids`` (both caches are left holding the prompt), of
+    """Seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
+    tokens (the fastest of ``repeats``, :func:`_forward_seconds`), measured after a prefill of
+    ``prompt_ids`` (both caches are left holding the prompt), of
     one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw, and
     the engine's time per step outside the model forwards (:func:`measure_overheads`). ``draft``
-    None: a profile of the target alone, for prompt lookup."""
+    None: a profile of the target alone, for prompt lookup. The share of the CPU other work took meanwhile
+    is recorded (``busy``, :class:`OtherLoad`)."""
     if g_max < 1:
         raise ValueError(f"g_max must be >= 1, got {g_max}")
-    drafts, targets = _forward_medians(target, draft, prompt_ids, draft_sizes=(1, 2),
-                                       target_sizes=range(1, g_max + 2), repeats=repeats)
-    step, plain = measure_overheads(target, draft, prompt_ids)
+    started = time.time()
+    with OtherLoad() as load:
+        drafts, targets = _forward_seconds(target, draft, prompt_ids, draft_sizes=(1, 2),
+                                           target_sizes=range(1, g_max + 2), repeats=repeats)
+        step, plain = measure_overheads(target, draft, prompt_ids)
+        row = _row_seconds(int(target.vocab_size), repeats)
     return CostProfile(draft_token=drafts.get(1), target_block=tuple(targets[n] for n in range(1, g_max + 2)),
-                       draft_pair=drafts.get(2), row_s=_row_seconds(int(target.vocab_size), repeats),
-                       step_overhead=step, plain_overhead=plain)
+                       draft_pair=drafts.get(2), row_s=row, step_overhead=step, plain_overhead=plain,
+                       busy=None if load.share is None else round(load.share, 4), measured_at=round(started, 1))
 
 
 #: the sampling of the overhead runs (the pipeline most runs use: temperature, top-k, top-p)
@@ -128,7 +196,7 @@ def measure_overheads(target: Backend, draft: Backend | None, prompt_ids: Sequen
     plain, o_lo, o_hi = (sorted(col)[len(col) // 2] for col in zip(*rounds))
     lo, hi = gammas
     slope = max((o_hi - o_lo) / (hi - lo), 0.0)
-    for backend in (target, draft):   # leave the caches as _forward_medians does: the prompt
+    for backend in (target, draft):   # leave the caches as _forward_seconds does: the prompt
         if backend is not None:
             backend.rollback(min(backend.n_cached, len(prompt_ids)))
     return (max(o_lo - slope * lo, 0.0), slope), plain
@@ -201,6 +269,10 @@ def profile_identity(target: Backend, draft: Backend | None, n_threads: int | No
             f"g_max={g_max};target={_model_identity(target)};draft={_model_identity(draft)};{_versions()}")
 
 
+def _measured_busy(prof: CostProfile) -> bool:
+    return prof.busy is not None and prof.busy > BUSY_LIMIT
+
+
 def default_costs_dir() -> Path:
     return default_cache_dir() / "costs"
 
@@ -220,12 +292,27 @@ def cached_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[
         try:
             prof = CostProfile.from_json(json.loads(path.read_text()))
             if prof.identity == identity and prof.g_max >= g_max:
-                return prof, False
-            _log.warning("cost profile %s was measured for another setting; measuring again", path)
+                if not _measured_busy(prof):
+                    return prof, False
+                now = other_load_now()
+                if now is None or now > BUSY_LIMIT:
+                    _log.warning("cost profile %s was measured while other work took %.0f%% of the CPU, and the "
+                                 "machine is still busy (%s): using it; it is measured again once the machine is "
+                                 "quiet (or run `verispec calibrate` then)", path, 100 * prof.busy,
+                                 "unknown" if now is None else f"{100 * now:.0f}%")
+                    return prof, False
+                _log.warning("cost profile %s was measured while other work took %.0f%% of the CPU; the machine "
+                             "is quiet now: measuring again", path, 100 * prof.busy)
+            else:
+                _log.warning("cost profile %s was measured for another setting; measuring again", path)
         except (OSError, ValueError, KeyError, TypeError) as e:
             _log.warning("cost profile %s is unreadable (%s); measuring again", path, e)
     prof = measure_profile(target, draft, prompt_ids, g_max=g_max)
     prof = dataclasses.replace(prof, identity=identity)
+    if _measured_busy(prof):
+        _log.warning("the cost profile was measured while other work took %.0f%% of the CPU: its times may be off; "
+                     "it is measured again once the machine is quiet (or run `verispec calibrate` then)",
+                     100 * prof.busy)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

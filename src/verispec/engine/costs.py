@@ -1,7 +1,7 @@
 """What model calls cost on this machine, measured once per (hardware, model pair) and cached.
 
-A :class:`CostProfile` holds the median seconds of one draft forward of one token and of two
-tokens, one target forward of ``g + 1`` tokens for every ``g`` up to ``g_max`` (``g = 0``: a plain
+A :class:`CostProfile` holds the seconds (the fastest of a few calls) of one draft forward of one token
+and of two tokens, one target forward of ``g + 1`` tokens for every ``g`` up to ``g_max`` (``g = 0``: a plain
 decoding step), and the engine's own work per step outside the model forwards (sampling pipelines,
 the rule, bookkeeping). In units of a target decoding step (``t``) that is the cost model of
 speculative decoding,
@@ -29,21 +29,27 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 #: Version of the cached file's layout and measurement; a file of another version is re-measured
-#: (4: the overheads are medians over rounds, 3's single round could carry a stall).
-PROFILE_VERSION = 4
+#: (4: the overheads are medians over rounds, 3's single round could carry a stall; 5: forwards are the fastest
+#: of their rounds, and the share of the CPU other work used while measuring is recorded, so that a profile
+#: measured on a busy machine is measured again).
+PROFILE_VERSION = 5
 DEFAULT_G_MAX = 8
 
 
 @dataclass(frozen=True)
 class CostProfile:
-    """Median seconds per call: ``target_block[g]`` is one target forward of ``g + 1`` tokens
-    (``g = 0 .. g_max``; ``target_block[0]`` is the plain one-token step); ``draft_token`` a draft
+    """Seconds per call (the fastest of a few, :func:`~verispec.engine.calibrate.measure_profile`):
+    ``target_block[g]`` is one target forward of ``g + 1`` tokens (``g = 0 .. g_max``;
+    ``target_block[0]`` is the plain one-token step); ``draft_token`` a draft
     forward of one token (None: a profile of the target alone, for drafts that cost nothing to
     make, i.e. prompt lookup: :meth:`verify_cost`); ``draft_pair`` a draft
     forward of two tokens (default: ``draft_token``); ``row_s`` the sampling pipeline and draw of
     one logits row (default 0); ``step_overhead`` ``(o_a, o_b)``: seconds of an SD step drafting ``g``
     tokens outside the model forwards, ``o_a + o_b·g``, and ``plain_overhead`` a target-only step's
-    (None: ``(2g + 1)·row_s`` and ``row_s``)."""
+    (None: ``(2g + 1)·row_s`` and ``row_s``); ``busy``: the share of the machine's CPU time that other
+    work used while it was measured (0..1; None: not known), and ``measured_at`` when (Unix seconds):
+    a profile measured on a busy machine is measured again once it is quiet
+    (:func:`~verispec.engine.calibrate.cached_profile`)."""
 
     draft_token: float | None
     target_block: tuple[float, ...]
@@ -52,6 +58,8 @@ class CostProfile:
     row_s: float = 0.0
     step_overhead: tuple[float, float] | None = None
     plain_overhead: float | None = None
+    busy: float | None = None
+    measured_at: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.target_block) < 2:
@@ -63,6 +71,8 @@ class CostProfile:
             raise ValueError(f"step_overhead must be two seconds >= 0 (o_a, o_b), got {self.step_overhead}")
         if self.plain_overhead is not None and self.plain_overhead < 0:
             raise ValueError(f"plain_overhead must be >= 0, got {self.plain_overhead}")
+        if self.busy is not None and not 0.0 <= self.busy <= 1.0:
+            raise ValueError(f"busy is a share of the CPU in [0, 1], got {self.busy}")
 
     @property
     def g_max(self) -> int:
@@ -153,4 +163,6 @@ class CostProfile:
                    identity=str(d.get("identity", "")), draft_pair=None if pair is None else float(pair),
                    row_s=float(d.get("row_s", 0.0)),
                    step_overhead=None if over is None else (float(over[0]), float(over[1])),
-                   plain_overhead=None if plain is None else float(plain))
+                   plain_overhead=None if plain is None else float(plain),
+                   busy=None if d.get("busy") is None else float(d["busy"]),
+                   measured_at=None if d.get("measured_at") is None else float(d["measured_at"]))

@@ -7,8 +7,11 @@ expected tokens per unit of time,
 
 where ``cost`` is the machine's :class:`~verispec.engine.costs.CostProfile` (``g·c + v(g)`` plus the
 draft's catch-up and the work per logits row outside the models) and ``α``
-is the per-position acceptance of *this* generation so far (accepted / verified draft positions,
-shrunk towards a prior of ``prior_alpha`` worth ``prior_weight`` positions), taken optimistically:
+is the per-position acceptance of *this* generation so far in the policy's current *state* (accepted /
+verified draft positions of the steps taken after a block accepted whole, or after a rejection, shrunk
+towards the generation's overall acceptance, itself shrunk towards a prior of ``prior_alpha`` worth
+``prior_weight`` positions): acceptance comes in runs, so a block accepted whole predicts a long next
+one and the policy lengthens its drafts at once, riding the run, taken optimistically:
 the choice reads ``α + optimism · sd``, the Beta posterior's mean plus ``optimism`` standard
 deviations (``sd² = α(1 − α)/(n + 1)`` after ``n`` positions, prior included). Early in a generation,
 when α is barely known, this drafts where drafting *may* pay and so measures α; the bonus shrinks as
@@ -16,9 +19,12 @@ positions are verified, and the choice tends to the plain argmax (optimism in th
 uncertainty, as in UCB bandits).  The i.i.d.-acceptance model behind ``E[tokens | g]`` is the one
 of Leviathan et al. (2023, eq. 1).  ``g = 0`` -- a plain target step, no draft -- is chosen when no
 ``g >= 1`` beats it (``1 / v(0) = 1`` token per step); since such a step teaches nothing about α
-(the optimistic α does not move), every ``explore_every``-th consecutive plain step drafts one
-token instead -- unless drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)``
-for every ``g``: the draft is too slow for its target on this machine), where every step is plain.
+(the optimistic α does not move), after ``explore_every`` consecutive plain steps one step drafts one
+token instead, and each such probe doubles the wait before the next (up to ``MAX_EXPLORE_WAIT``; a
+chosen draft resets it), so a pair that keeps losing costs a logarithmic number of probes -- unless
+drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)`` for every ``g``: the draft
+is too slow for its target on this machine), where every step is plain (and the engine never runs
+the draft model: :attr:`~verispec.engine.plan.DraftPlan.defers_draft`).
 Both decisions count what the draft's first forward of the step costs: after ``k`` plain steps it
 feeds the ``k + 1`` tokens it has not seen (``unseen``, told by the engine), so a long plain run
 makes the next draft dearer, and exploring stops where even α → 1 would not repay that catch-up.
@@ -29,9 +35,11 @@ drafted so far. ``a(c)``, the chance that a drafted token with draft probability
 (its predecessors accepted), is estimated per bin of ``c`` from this generation's verified positions
 (shrunk towards ``α``). After ``k`` tokens with probabilities ``c_1..c_k``, all ``k`` survive with
 ``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i`` tokens at ``cost(k)``. Drafting goes
-on iff some ``h`` in ``k+1 .. g_max`` has ``(T_k + S_k·(α + … + α^{h−k})) / cost(h) > T_k / cost(k)``
-(the tokens not yet drafted count with the mean ``α``): the full look-ahead, since ``v(g)`` need not be
-convex. The decision reads the draft alone, like ``--draft-stop P``.
+on iff some ``h`` in ``k+1 .. g_max`` has ``(T_k + S_k·(α_s + … + α_s^{h−k})) / cost(h) > T_k / cost(k)``
+(the tokens not yet drafted count with the state's mean acceptance ``α_s``): the full look-ahead, since
+``v(g)`` need not be convex. This scores every draft slot by its survival probability against the
+profiled cost of the step, as vLLM's adaptive verification does. The decision reads the draft alone,
+like ``--draft-stop P``.
 
 **Prompt lookup** (:class:`LookupGamma`): lookup's drafts cost nothing to make, only to verify
 (:meth:`~verispec.engine.costs.CostProfile.verify_cost`: ``v(k)`` and the engine's work). Before a
@@ -50,6 +58,7 @@ longer drafts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from verispec.engine.costs import CostProfile
@@ -89,6 +98,35 @@ def _optimistic(alpha: float, positions: float, optimism: float) -> float:
     return min(alpha + optimism * math.sqrt(alpha * (1.0 - alpha) / (positions + 1.0)), 1.0)
 
 
+def expected_tokens_along(acceptance: Sequence[float], g: int) -> float:
+    """Expected tokens of a step drafting ``g`` tokens when draft position ``i`` is accepted with probability
+    ``acceptance[i]`` given that the ones before it were: ``1 + Σ_{k<=g} Π_{i<k} acceptance[i]``."""
+    tokens, survive = 1.0, 1.0
+    for a in acceptance[:g]:
+        survive *= a
+        tokens += survive
+    return tokens
+
+
+def best_length(profile: CostProfile, acceptance: Sequence[float], g_max: int, unseen: int | None = None) -> int:
+    """``argmax_g E[tokens | g] / cost(g)`` over ``g = 0 .. g_max`` (ties: the smaller ``g``) with acceptance
+    by draft position (:func:`expected_tokens_along`); the catch-up of the draft's first forward reads the
+    chance that the previous block was accepted whole as ``Π acceptance[:g]`` where ``unseen`` is not known."""
+    top = min(g_max, len(acceptance), profile.g_max)
+    rates = [_rate_along(profile, acceptance, g, unseen) for g in range(top + 1)]
+    return max(range(top + 1), key=lambda g: (rates[g], -g))
+
+
+def _rate_along(profile: CostProfile, acceptance: Sequence[float], g: int, unseen: int | None = None) -> float:
+    whole = math.prod(acceptance[:g])
+    per_position = whole ** (1.0 / g) if g else 0.0     # step_cost reads the whole-block chance as α^g
+    return expected_tokens_along(acceptance, g) / profile.step_cost(g, per_position, unseen)
+
+
+#: longest run of plain steps between two one-token probes (:class:`AutoGamma`'s back-off)
+MAX_EXPLORE_WAIT = 256
+
+
 @dataclass
 class AutoGamma:
     """Per-step draft length from the cost model and the acceptance seen so far (see the module)."""
@@ -98,7 +136,7 @@ class AutoGamma:
     prior_alpha: float = 0.7
     prior_weight: float = 4.0
     explore_every: int = 8
-    #: posterior standard deviations added to α for the choice of γ (0: the posterior mean)
+    #: posterior standard deviations added to each acceptance for the choice of γ (0: the posterior mean)
     optimism: float = 1.0
     by_confidence: bool = False
     #: with ``by_confidence``: every step drafts up to this many tokens instead of the cost model's γ
@@ -110,21 +148,41 @@ class AutoGamma:
     #: per bin of the draft's probability of its token: accepted and verified positions
     bin_accepted: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
+    #: 1 when the last verified block was accepted whole (a run of full acceptances goes on), else 0
+    state: int = 0
+    #: per state (the one before the step): accepted and verified positions
+    state_accepted: list[int] = field(default_factory=lambda: [0, 0])
+    state_verified: list[int] = field(default_factory=lambda: [0, 0])
+    #: plain steps before the next one-token probe (doubles after each probe that changes nothing)
+    explore_wait: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.prior_weight < 0 or self.explore_every < 1 or self.optimism < 0:
             raise ValueError("prior_weight and optimism must be >= 0 and explore_every >= 1")
         self.g_max = _checked_cap(self.profile, self.g_max, self.prior_alpha)
+        self.explore_wait = self.explore_every
 
     @property
     def alpha(self) -> float:
-        """Current estimate of the per-position acceptance."""
+        """Current estimate of the per-position acceptance, all positions together."""
         return _shrunk(self.accepted, self.verified, self.prior_alpha, self.prior_weight)
 
     @property
     def alpha_upper(self) -> float:
-        """The optimistic acceptance that chooses γ: ``alpha`` plus ``optimism`` posterior standard deviations."""
+        """``alpha`` plus ``optimism`` posterior standard deviations."""
         return _optimistic(self.alpha, self.verified + self.prior_weight, self.optimism)
+
+    def acceptance(self, optimistic: bool = True) -> list[float]:
+        """Acceptance of each draft position ``0 .. g_max − 1`` (given the ones before it accepted) for the
+        next step: that of the positions verified in steps taken in the same state -- after a block
+        accepted whole, or not -- shrunk towards ``alpha``; ``optimistic``: plus ``optimism`` posterior
+        standard deviations. Acceptance comes in runs (boilerplate, repeats, code the draft knows), so a
+        block accepted whole predicts a long next one, and the policy rides the run."""
+        s = self.state
+        a = _shrunk(self.state_accepted[s], self.state_verified[s], self.alpha, self.prior_weight)
+        if optimistic:
+            a = _optimistic(a, self.state_verified[s] + self.prior_weight, self.optimism)
+        return [a] * self.g_max
 
     def next(self, unseen: int | None = None) -> int:
         """Draft length for the next step (0: a plain target step); with ``by_confidence`` the most the
@@ -133,22 +191,25 @@ class AutoGamma:
         if self.fixed is not None:
             self.chosen.append(self.fixed)
             return self.fixed
-        g = best_gamma(self.profile, self.alpha_upper, self.g_max, unseen)
+        g = best_length(self.profile, self.acceptance(), self.g_max, unseen)
         if self.by_confidence and g > 0:
             g = self.g_max
         if g == 0:
             self.plain_run += 1
-            if self.plain_run >= self.explore_every and self.can_pay(unseen):
+            self.state = 0
+            if self.plain_run >= self.explore_wait and self.can_pay(unseen):
                 g, self.plain_run = 1, 0
+                self.explore_wait = min(2 * self.explore_wait, MAX_EXPLORE_WAIT)
         else:
             self.plain_run = 0
+            self.explore_wait = self.explore_every
         self.chosen.append(g)
         return g
 
     def rate(self, g: int, unseen: int | None = None) -> float:
         """Expected tokens per unit of cost (target steps) of a step drafting ``g`` tokens, at the
         optimistic acceptance that chose it (what a prompt-lookup draft has to beat)."""
-        return step_rate(self.profile, self.alpha_upper, g, unseen)
+        return _rate_along(self.profile, self.acceptance(), g, unseen)
 
     def can_pay(self, unseen: int | None = None) -> bool:
         """Whether some draft length beats a plain step at acceptance α → 1 (with ``unseen`` tokens to
@@ -159,12 +220,16 @@ class AutoGamma:
         """Record a verified step: ``n_accepted`` of ``g`` drafts accepted (positions verified: the
         accepted ones and the first rejected one, if any); ``confidences``: the draft's probability of
         each drafted token, for :meth:`acceptance_at`."""
+        reached = min(n_accepted + 1, g)
         self.accepted += n_accepted
-        self.verified += min(n_accepted + 1, g)
-        for i, c in enumerate((confidences or [])[: min(n_accepted + 1, g)]):
+        self.verified += reached
+        self.state_accepted[self.state] += n_accepted
+        self.state_verified[self.state] += reached
+        for i, c in enumerate((confidences or [])[:reached]):
             b = _bin(c)
             self.bin_verified[b] += 1
             self.bin_accepted[b] += i < n_accepted
+        self.state = int(g > 0 and n_accepted >= g)
 
     def acceptance_at(self, confidence: float) -> float:
         """Estimated acceptance of a drafted token the draft gave probability ``confidence``."""
@@ -180,17 +245,11 @@ class AutoGamma:
             return False
         if not self.by_confidence:
             return True
-        survive, tokens = 1.0, 1.0
-        for c in confidences:
-            survive *= self.acceptance_at(c)
-            tokens += survive
-        alpha = self.alpha
-        now = tokens / self.profile.step_cost(k, alpha)
-        more, extra = tokens, survive
+        ahead = self.acceptance(optimistic=False)
+        drafted = [self.acceptance_at(c) for c in confidences]
+        now = _rate_along(self.profile, drafted, k)
         for h in range(k + 1, top + 1):
-            extra *= alpha
-            more += extra
-            if more / self.profile.step_cost(h, alpha) > now:
+            if _rate_along(self.profile, drafted + ahead[k:h], h) > now:
                 return True
         return False
 

@@ -148,7 +148,7 @@ def generate(
     with stats.timing("prefill_s"):
         if len(run.ids) > 1:
             target.forward(run.ids[:-1], all_logits=False)
-        sources.prefill(run.ids)
+        sources.prefill(run.ids, defer_draft=plan.defers_draft)
 
     run.start()
     while True:

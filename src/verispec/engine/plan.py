@@ -33,6 +33,12 @@ class DraftPlan:
         self.modelled = 0.0     # the cost model's time of the steps taken, in target steps
 
     @property
+    def defers_draft(self) -> bool:
+        """Whether the draft model's prefill should wait for its first draft: the cost model finds that no
+        draft length can pay even at acceptance 1, so every step is plain (the draft never runs)."""
+        return self.policy is not None and self.policy.fixed is None and not self.policy.can_pay(1)
+
+    @property
     def keep_drafting(self) -> Callable[[list[float]], bool] | None:
         """The per-token stop of the draft model's chain (``draft_stop="auto"``), or None."""
         return self.policy.keep_drafting if self.policy is not None and self.policy.by_confidence else None

@@ -11,9 +11,11 @@ A step's draft comes from, in this order of preference:
 
 No proposal means a plain target step. Caches: the target holds every committed token but the last
 (the *root* of the next draft). The draft model lacks ``pending`` (the root, plus accepted nodes it
-never processed and tokens of steps it did not draft); the head has observed every committed token
-but the root, with the target's hidden states at them (``target.last_hidden`` after each target
-forward); the lookup index has seen the whole text.
+never processed and tokens of steps it did not draft); where the generation's plan expects only plain
+steps (a cost model that finds no draft length paying, :attr:`DraftPlan.defers_draft`) its prefill of
+the prompt waits for its first draft, so such a generation never runs the draft model at all. The head
+has observed every committed token but the root, with the target's hidden states at them
+(``target.last_hidden`` after each target forward); the lookup index has seen the whole text.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class DraftSources:
         self.stop_below, self.keep_drafting, self.keep_raw = stop_below, keep_drafting, keep_raw
         self.shape, self.sampling, self.width, self.gen, self.stats = shape, sampling, width, generator, stats
         self.pending: list[int] = []
+        #: prompt tokens before ``pending`` the draft model has not processed yet (its prefill, deferred)
+        self.unfed: list[int] = []
         #: length of the suffix the last lookup proposal continued (0: no match)
         self.lookup_match = 0
 
@@ -50,12 +54,15 @@ class DraftSources:
         """Tokens the draft model has not fed yet (its first forward of a step feeds them); None without one."""
         return len(self.pending) if self.draft is not None else None
 
-    def prefill(self, ids: list[int]) -> None:
-        """Bring every source to the prompt; the target has just processed ``ids[:-1]``."""
+    def prefill(self, ids: list[int], defer_draft: bool = False) -> None:
+        """Bring every source to the prompt; the target has just processed ``ids[:-1]``. ``defer_draft``:
+        the draft model processes the prompt only before its first draft, if any (:meth:`_feed_prompt`)."""
         if self.draft is not None:
             self.draft.reset()
-            if len(ids) > 1:
-                self.draft.forward(ids[:-1], all_logits=False)
+            self.unfed = list(ids[:-1])
+            if not defer_draft and self.unfed:     # the caller times the prefill
+                self.draft.forward(self.unfed, all_logits=False)
+                self.unfed = []
         if self.lookup is not None:
             self.lookup.reset(ids)
         if self.head is not None:
@@ -89,11 +96,19 @@ class DraftSources:
             return _keep(proposal, [d < g and t < self.width for d, t in zip(depths, tokens)])
         if self.draft is None:
             return None
+        self._feed_prompt()
         proposal = grow_tree(self.draft, self.pending, self.shape or TreeShape.chain(g), self.sampling, self.width,
                              self.gen, max_depth=g, timing=self.stats.timing, stop_below=self.stop_below,
                              keep_drafting=self.keep_drafting, keep_raw=self.keep_raw)
         self.stats.draft_calls += proposal.draft_forwards
         return proposal
+
+    def _feed_prompt(self) -> None:
+        """The draft model's prefill of the prompt (deferred: before its first draft; timed as prefill)."""
+        if self.unfed:
+            with self.stats.timing("prefill_s"):
+                self.draft.forward(self.unfed, all_logits=False)
+            self.unfed = []
 
     def after_plain(self, token: int) -> None:
         """A plain target step over the root emitted ``token``."""

@@ -154,6 +154,8 @@ class LlamaBackend:
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=self.max_tree_nodes + 1, verbose=False)
 
         self.vocab_size: int = int(self._llm.n_vocab())
+        #: width of llama.cpp's logits rows (a reduced-vocabulary draft, models/gguf_vocab.py, widens them)
+        self.n_logits: int = self.vocab_size
         self.tokenizer_size: int = self.vocab_size  # GGUF vocabularies include their padding tokens
         self.context_length: int = min(int(n_ctx), int(self._lc.llama_n_ctx(self._ctx.ctx)) - self.max_tree_nodes)
         self.eos_token_ids: frozenset[int] = self._find_eog_ids()
@@ -258,12 +260,16 @@ class LlamaBackend:
         self._n = length
         self._drop_tree()
 
+    def _put_token(self, batch, i: int, token: int) -> None:
+        """Batch slot ``i`` holds ``token`` (a reduced-vocabulary draft writes its embedding instead)."""
+        batch.token[i] = token
+
     def forward(self, tokens: Sequence[int], *, all_logits: bool = True) -> torch.Tensor:
         """Append ``tokens``; float32 logits ``[len(tokens), vocab_size]`` or ``[1, vocab_size]`` (last row)."""
         if self._t_parent:
             raise tree_open_error(self.name)
         toks = check_forward_tokens(tokens, self._n, self.context_length, self.vocab_size)
-        n_vocab = self.vocab_size
+        n_vocab = self.n_logits
         out = torch.empty((len(toks) if all_logits else 1, n_vocab), dtype=torch.float32)
         out_np = out.numpy()
         b = self._batch.batch
@@ -273,7 +279,7 @@ class LlamaBackend:
             m = len(chunk)
             last_chunk = start + m == len(toks)
             for i, t in enumerate(chunk):
-                b.token[i] = t
+                self._put_token(b, i, t)
                 b.pos[i] = self._n + i
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = 0
@@ -322,7 +328,7 @@ class LlamaBackend:
                 f"backend holds at most max_tree_nodes={self.max_tree_nodes}"
             )
 
-        n_vocab = self.vocab_size
+        n_vocab = self.n_logits
         out = torch.empty((len(toks), n_vocab), dtype=torch.float32)
         out_np = out.numpy()
         b = self._batch.batch
@@ -347,7 +353,7 @@ class LlamaBackend:
                     else:
                         lc.llama_memory_seq_cp(mem, seq[a], seq[k], -1, -1)
                 for i, k in enumerate(block):
-                    b.token[i] = toks[k - n_old]
+                    self._put_token(b, i, toks[k - n_old])
                     b.pos[i] = n + dep[k]
                     ids = seq_ids[k]
                     b.n_seq_id[i] = len(ids)
