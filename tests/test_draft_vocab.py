@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,7 +178,9 @@ def test_llama_draft_with_a_cut_gguf_gives_the_full_drafts_logits_on_the_subset(
 
     full = LlamaBackend(embedded_pair_paths.draft, n_ctx=256, max_tree_nodes=4)
     target = LlamaBackend(embedded_pair_paths.target, n_ctx=256, max_tree_nodes=4)
-    ids = draft_vocabulary(full, 2048, cache_dir=tmp_path)
+    corpus = tmp_path / "corpus.py"    # this file: a small corpus (the default, the standard library, is slow)
+    corpus.write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+    ids = draft_vocabulary(full, 2048, [corpus], cache_dir=tmp_path)
     small = ReducedVocabLlama(full, ids, cache_dir=tmp_path)
     try:
         assert small.vocab_size == full.vocab_size and small.n_logits == 2048 and "+vocab2048" in small.name
