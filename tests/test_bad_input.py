@@ -25,7 +25,8 @@ import pytest
 from tests.helpers.bench_fakes import config, fake_models
 from verispec.bench import runner
 from verispec.bench.store import ResultStore
-from verispec.cli import error_text, main
+from verispec.cli import main
+from verispec.commands import error_text
 
 DATA = "/work/shared/data"   # not read: only named in arguments that fail before any file is opened
 

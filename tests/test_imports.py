@@ -20,7 +20,7 @@ LAYERS = [
     {"tasks", "cluster"},            # datasets, prompts, checkers, the sandbox; a pool of Ray workers
     {"diagnose"},                    # per-token distortion on real positions
     {"bench"},                       # runs, store, reports
-    {"flags", "demo", "serve", "integrations", "cli", "__main__", ""},   # the edge ("": the package itself)
+    {"flags", "demo", "commands", "serve", "integrations", "cli", "__main__", ""},   # the edge ("": the package itself)
 ]
 #: Within one layer, packages that may not import each other (each stands alone).
 SEPARATE = [{"tasks", "cluster"}, {"serve", "integrations"}]

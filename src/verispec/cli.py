@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from verispec import __version__, flags
+from verispec.commands import run_command
 from verispec.runtime import tune_process
 from verispec.settings import check_token_budget
 
@@ -292,54 +292,10 @@ def _add_bench_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; bad input and failures the user can fix end in one ``verispec: error:`` line and
-    exit status 2 (1 for a failure at run time), never a traceback (``VERISPEC_DEBUG=1`` shows it)."""
+    """Run a command (:func:`verispec.commands.run_command`: one ``verispec: error:`` line for what the user
+    can fix, never a traceback)."""
     tune_process()  # before anything imports torch
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("verispec: interrupted (a bench keeps every stored sample: the same command resumes it)", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if os.environ.get("VERISPEC_DEBUG"):
-            raise
-        code, text = error_text(exc)
-        if text is None:
-            raise
-        print(f"verispec: error: {text}", file=sys.stderr)
-        return code
-
-
-#: optional dependency -> the verispec extra that installs it
-_EXTRAS = {"transformers": "hf", "accelerate": "hf", "gguf": "hf", "llama_cpp": "llama", "ray": "ray",
-           "matplotlib": "bench", "yaml": "bench", "scipy": "bench"}
-
-
-def error_text(exc: BaseException) -> tuple[int, str | None]:
-    """``(exit status, one line)`` for an error the user can act on; ``(1, None)`` for a bug (re-raised)."""
-    import sqlite3
-
-    from verispec.outputs import os_error_text
-
-    if isinstance(exc, UnicodeError):
-        return 2, f"text that is not valid UTF-8: {exc}; pass UTF-8 text"
-    if isinstance(exc, (ValueError, FileNotFoundError, argparse.ArgumentTypeError)):
-        return 2, str(exc)
-    if isinstance(exc, ImportError):
-        extra = _EXTRAS.get((getattr(exc, "name", None) or "").split(".")[0])
-        return 2, str(exc) + (f": pip install 'verispec[{extra}]'" if extra and "pip install" not in str(exc) else "")
-    if isinstance(exc, OSError):
-        return 2, os_error_text(exc, "use")
-    if isinstance(exc, sqlite3.Error):
-        return 2, f"SQLite: {exc}"
-    if isinstance(exc, NotImplementedError):
-        return 2, str(exc) or "not supported"
-    if isinstance(exc, MemoryError):
-        return 1, "out of memory: use smaller models, a smaller --n-ctx or --batch-size"
-    if isinstance(exc, RuntimeError) and str(exc):
-        return 1, f"{exc} (VERISPEC_DEBUG=1 shows the traceback)"
-    return 1, None
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -102,18 +102,14 @@ def check_flags(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m verispec.integrations.lm_eval [flags] -- <lm_eval args>``."""
+    from verispec.commands import run_command
     from verispec.runtime import tune_process
 
     tune_process()
     ap = argparse.ArgumentParser(prog="python -m verispec.integrations.lm_eval")
     sub = ap.add_subparsers(dest="command", required=True)
     add_lm_eval_parser(sub)
-    args = ap.parse_args(["lm-eval", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"verispec: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(ap.parse_args(["lm-eval", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":

@@ -137,15 +137,11 @@ def cmd_serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m verispec.serve [flags]``: ``verispec serve`` without the main CLI."""
+    from verispec.commands import run_command
     from verispec.runtime import tune_process
 
     tune_process()
     ap = argparse.ArgumentParser(prog="python -m verispec.serve")
     sub = ap.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
-    args = ap.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"verispec: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(ap.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)]))
