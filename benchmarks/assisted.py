@@ -202,7 +202,7 @@ def main(argv=None) -> int:
                 extra["assistant_model"] = draft_model
             if lookup_tokens:
                 extra["prompt_lookup_num_tokens"] = lookup_tokens
-            with WeightMajorLinear() if weight_major else contextlib.nullcontext():
+            with WeightMajorLinear(plan=target.row_plan) if weight_major else contextlib.nullcontext():
                 out = target_model.generate(prompt, attention_mask=torch.ones_like(prompt),
                                             generation_config=hf_config(sampling, n, eos), **extra)
             new = int(out.shape[1] - prompt.shape[1])

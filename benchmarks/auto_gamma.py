@@ -31,7 +31,7 @@ over all classes (``overall``: per round, every class's tokens over every class'
 rounds of its ratio to target-only's).
 
     .venv/bin/python benchmarks/auto_gamma.py [--backends llama,hf] [--tokens 64] [--rounds 3]
-        [--gammas 1,2,3,4,5,6,7,8] [--g-max 8] [--draft-vocab 32768] [--classes code,prose] [--only 'auto$,γ=3']
+        [--gammas 1,2,3,4,6,8,12,15] [--g-max 16] [--draft-vocab 32768] [--classes code,prose] [--only 'auto$,γ=3']
         [--layout weight-major] [--budget 420]
 
 ``--budget`` (or a SIGTERM, e.g. from ``timeout``) ends the run after the last round that fits and reports the
@@ -60,8 +60,9 @@ from assisted import ASSIST_KEYS, CallCounter, hf_config, load_model  # noqa: E4
 
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.engine.calibrate import BUSY_LIMIT, OtherLoad, other_load_now  # noqa: E402
+from verispec.engine.costs import DEFAULT_G_MAX  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
-from verispec.models.cpu_linear import WeightMajorLinear  # noqa: E402
+from verispec.models.cpu_linear import WeightMajorLinear, describe_plan  # noqa: E402
 from verispec.models.draft_vocab import draft_vocabulary, with_draft_vocab  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 from verispec.settings import ModelSettings  # noqa: E402
@@ -98,9 +99,10 @@ def _target_only(target, sampling, width):
     return run
 
 
-def _theirs(target_model, draft_model, sampling, eos, profile, counters, assist, weight_major=False):
+def _theirs(target_model, draft_model, sampling, eos, profile, counters, assist, row_plan=None):
     """transformers' assisted generation with ``assist`` (settings read from the assistant's generation config);
-    ``weight_major``: inside verispec's weight-major linear layout (the kernels verispec's backend uses)."""
+    ``row_plan``: inside verispec's weight-major linear layout with this plan of products per row count (the
+    target backend's: one mode covers both models' calls)."""
     target_calls, draft_calls = counters
 
     def run(ids, n, seed):
@@ -109,7 +111,7 @@ def _theirs(target_model, draft_model, sampling, eos, profile, counters, assist,
         before, draft_before = target_calls.calls, draft_calls.calls
         for key in ASSIST_KEYS:
             setattr(draft_model.generation_config, key, assist.get(key))
-        with WeightMajorLinear() if weight_major else contextlib.nullcontext():
+        with WeightMajorLinear(plan=row_plan) if row_plan is not None else contextlib.nullcontext():
             out = target_model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=draft_model,
                                         generation_config=hf_config(sampling, n, eos))
         tokens = int(out.shape[1] - prompt.shape[1])
@@ -171,8 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--classes", default=",".join(PROMPTS))
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--gammas", default="1,2,3,4,5,6,7,8")
-    ap.add_argument("--g-max", type=int, default=8, help="longest draft of the cost profile (auto's cap)")
+    ap.add_argument("--gammas", default="1,2,3,4,6,8,12,15")
+    ap.add_argument("--g-max", type=int, default=DEFAULT_G_MAX, help="longest draft of the cost profile (auto's cap)")
     ap.add_argument("--sampling", default="temperature=0.7,top_k=20,top_p=0.8")
     ap.add_argument("--dtype", default="float32", help="transformers backend's dtype")
     ap.add_argument("--layout", default="auto", help="transformers backend's linear layout (auto: timed at load)")
@@ -205,7 +207,8 @@ def main(argv=None) -> int:
         first = prompts[classes[0]]
         profile, measured = _quiet_profile(target, draft, first, args.g_max, args.wait)
         label = "llama.cpp (embedded Q4_K_M pair)" if backend == "llama" else \
-            f"transformers {args.dtype} (embedded pair dequantised), layout {target.linear_layout}"
+            f"transformers {args.dtype} (embedded pair dequantised), layout {target.linear_layout} " \
+            f"(target: {describe_plan(target.row_plan)}; draft: {describe_plan(draft.row_plan)})"
         print(f"\n######## {label}: cost profile ({'measured now' if measured else 'cached'}, other work "
               f"{'?' if profile.busy is None else format(100 * profile.busy, '.0f')}% of the CPU): target token "
               f"{1000 * profile.target_token:.1f} ms, c = {profile.c:.3f}, "
@@ -242,7 +245,7 @@ def main(argv=None) -> int:
                 modes[name] = _theirs(target_model, draft_model, sampling, eos, profile, counters, assist)
             if target.linear_layout == "weight-major":      # the same schedule with verispec's kernel layout
                 modes["transformers default, w-major"] = _theirs(target_model, draft_model, sampling, eos, profile,
-                                                                 counters, {}, weight_major=True)
+                                                                 counters, {}, row_plan=target.row_plan)
         if args.only:
             wanted = [w.strip() for w in args.only.split(";" if ";" in args.only else ",") if w.strip()]
             modes = {n: r for n, r in modes.items()

@@ -57,6 +57,28 @@ class EmbeddedPaths:
     draft: Any  # pathlib.Path of the assembled draft GGUF
 
 
+class QuietLoad:
+    """An OtherLoad that reports a quiet machine."""
+
+    share = 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """Cost profiles measured as if no other work ran: tests of the profile cache must not depend on the
+    load that other test workers put on the machine (a profile measured busy is measured again)."""
+    from verispec.engine import calibrate
+
+    monkeypatch.setattr(calibrate, "OtherLoad", QuietLoad)
+    monkeypatch.setattr(calibrate, "other_load_now", lambda seconds=0.5: 0.0)
+
+
 @pytest.fixture(scope="session")
 def embedded_pair_paths() -> EmbeddedPaths:
     """Paths of the assembled embedded GGUF pair (default cache); skips only if the chunk packages are absent."""

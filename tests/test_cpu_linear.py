@@ -8,7 +8,15 @@ import torch.nn.functional as F
 
 from tests.helpers.tiny_hf import tiny_char_tokenizer, tiny_hf_model
 from verispec.models import cpu_linear
-from verispec.models.cpu_linear import MAX_ROWS, WeightMajorLinear, choose_linear_layout, resolve_linear_layout
+from verispec.models.cpu_linear import (
+    MAX_ROWS,
+    WeightMajorLinear,
+    choose_linear_layout,
+    default_plan,
+    describe_plan,
+    plan_from_times,
+    resolve_linear_layout,
+)
 
 
 @pytest.mark.parametrize("shape", [(2, 48), (1, 5, 48), (3, 4, 48), (1, MAX_ROWS, 48)])
@@ -40,6 +48,62 @@ def test_other_linears_pass_through_unchanged(case):
     assert torch.equal(got, F.linear(x, w))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 5])
+@pytest.mark.parametrize("weight_major", [False, True])
+def test_padded_products_equal_linear(rows, weight_major):
+    """A row count computed as more rows (zero rows appended, dropped from the output) gives F.linear's rows."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, rows, 48, generator=gen)
+    w, b = torch.randn(80, 48, generator=gen), torch.randn(80, generator=gen)
+    plan = list(default_plan(8))
+    plan[rows - 1] = (rows + 3, weight_major)
+    mode = WeightMajorLinear(plan=tuple(plan))
+    with mode:
+        got = F.linear(x, w, b)
+    assert mode.calls == 1
+    assert got.shape == (1, rows, 80) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_plan_pads_to_a_faster_row_count_and_keeps_noise_out():
+    """The times of that VM's output layer (ms, both products; see the module docstring): 1 row is computed
+    as 2 weight-major, 15 rows as 16; a product within the margin of the standard one is not rerouted."""
+    standard = [62.0, 138.0, 150.0, 161.0, 150.0, 150.0, 150.0, 146.0, 150.0, 150.0, 160.0, 165.0, 170.0, 172.0,
+                174.0, 178.0]
+    major = [62.5, 32.0, 60.0, 77.0, 80.0, 85.0, 95.0, 108.0, 120.0, 130.0, 160.0, 200.0, 220.0, 230.0, 243.0,
+             152.0]
+    plan = plan_from_times(standard, major)
+    assert plan[0] == (2, True)                       # one row: two rows weight-major, twice as fast
+    assert plan[1] == (2, True) and plan[3] == (4, True)
+    assert plan[14] == (16, True) and plan[15] == (16, True)     # 15 rows: 16 weight-major (152 < 174 < 243)
+    assert plan[10] == (11, False)                    # 160 vs 160: nothing gained, F.linear as is
+    assert plan[11] == (12, False)                    # 16 rows' 152 is not 10% under 12 rows' standard 165
+    assert all(m >= n for n, (m, _) in enumerate(plan, 1))
+    assert plan_from_times([1.0, 1.0], [0.95, 1.0]) == ((1, False), (2, False))   # 5% faster: noise
+    assert describe_plan(plan) == "10 row counts weight-major, padded 1→2w 13→16w 14→16w 15→16w"
+    assert describe_plan(None) == "standard"
+
+
+class _WithOutputLayer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(2048, 2048, bias=False)   # 4 Mi weights: timed
+        self.head = torch.nn.Linear(2048, 64, bias=False)
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+@pytest.mark.parametrize("one_row_s, two_rows_s, first", [(1.0, 0.1, (2, True)), (0.1, 1.0, (1, False))])
+def test_one_row_is_decided_on_the_output_layer_too(monkeypatch, one_row_s, two_rows_s, first):
+    """Every decoding step is a one-row call: it is padded to two weight-major rows where that is faster on the
+    largest linear and the output layer together (here the output layer's times decide)."""
+    times = iter([one_row_s, two_rows_s])
+    monkeypatch.setattr(cpu_linear, "_best_time", lambda fn, repeats: next(times))
+    plan = cpu_linear.plan_rows(_WithOutputLayer(), repeats=1)
+    assert plan[0] == first and len(plan) == MAX_ROWS and all(m >= n for n, (m, _) in enumerate(plan, 1))
+
+
 def _float32_backend(layout: str, arch: str = "qwen2"):
     from verispec.models.hf import HFBackend
 
@@ -51,8 +115,8 @@ def _recording_modes(monkeypatch, module):
     """Replace ``module.linear_mode`` by one that keeps the modes it hands out."""
     made = []
 
-    def recording(layout, rows):
-        ctx = cpu_linear.linear_mode(layout, rows)
+    def recording(layout, rows, plan=None):
+        ctx = cpu_linear.linear_mode(layout, rows, plan)
         made.append(ctx)
         return ctx
 
@@ -79,6 +143,28 @@ def test_hf_backend_weight_major_block_and_tree_match_standard(monkeypatch, arch
         assert isinstance(mode, WeightMajorLinear) == expect_rerouted
         assert not expect_rerouted or mode.calls == n_linears
         torch.testing.assert_close(got, call(plain), rtol=1e-4, atol=1e-5)
+
+
+def test_hf_backend_follows_its_row_plan(monkeypatch):
+    """A backend given a plan computes one-token calls as two rows weight-major and three-token calls as four
+    standard rows, with the standard layout's logits; copies made for a reduced vocabulary keep the plan."""
+    from verispec.models import hf
+    from verispec.models.draft_vocab import with_draft_vocab
+    from verispec.models.hf import HFBackend
+
+    made = _recording_modes(monkeypatch, hf)
+    plan = list(default_plan(8))
+    plan[0], plan[2] = (2, True), (4, False)
+    model = tiny_hf_model("qwen2", vocab_width=128, hidden=32, seed=1, init_range=0.2).to(torch.float32)
+    fast = HFBackend(model, tokenizer=tiny_char_tokenizer(), linear_layout="weight-major", row_plan=tuple(plan))
+    plain = _float32_backend("standard")
+    assert fast.row_plan == tuple(plan) and plain.row_plan is None
+    n_linears = sum(isinstance(m, torch.nn.Linear) for m in fast.model.modules())
+    for toks in ([5, 9, 14], [11]):
+        got = fast.forward(toks)
+        assert isinstance(made[-1], WeightMajorLinear) and made[-1].calls == n_linears
+        torch.testing.assert_close(got, plain.forward(toks), rtol=1e-4, atol=1e-5)
+    assert with_draft_vocab(fast, list(range(64))).row_plan == fast.row_plan
 
 
 def test_hf_batch_backend_uses_the_single_backends_layout(monkeypatch):

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.conftest import QuietLoad
 from tests.helpers.fake_lm import FakeLM
 from tests.helpers.laws import T1, assert_law, exact_prefix_law, sample_prefixes
 from verispec.engine import (
@@ -24,7 +25,8 @@ from verispec.engine import (
     generate_target_only,
     measure_profile,
 )
-from verispec.engine.gamma import MAX_EXPLORE_WAIT
+from verispec.engine.costs import DEFAULT_G_MAX
+from verispec.engine.gamma import MAX_EXPLORE_WAIT, PAY_MARGIN, step_rate
 from verispec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig.parse("temperature=0")
@@ -100,9 +102,10 @@ def test_optimism_drafts_while_acceptance_is_uncertain_and_fades_with_evidence()
     """The default prior α = 0.7, where the mean says "do not draft" on the Xeon profile: the optimistic
     policy drafts from the first step, keeps drafting when drafts are accepted, and falls back to
     plain steps once enough rejections make even the optimistic α too low; its bonus is the posterior sd."""
-    pol = AutoGamma(XEON)
+    pol = AutoGamma(XEON, optimism=1.0)
     assert best_gamma(XEON, pol.alpha) == 0 and pol.next() == 3
     assert pol.alpha_upper == pytest.approx(0.7 + (0.21 / 5) ** 0.5)
+    assert AutoGamma(XEON).alpha_upper == pytest.approx(0.7 + 0.5 * (0.21 / 5) ** 0.5)   # the default: half an sd
     for _ in range(30):
         pol.update(3, 3)
     assert pol.next() == 3
@@ -230,8 +233,11 @@ def test_engine_tells_the_policy_the_drafts_catch_up_and_models_each_step_with_i
 
 
 def test_exploring_stops_where_the_catch_up_cannot_be_repaid():
-    """Drafting pays barely at α → 1 after an accepted block (2 tokens to feed), not after 3 plain steps."""
-    prof = CostProfile(draft_token=0.3, target_block=tuple(1 + 0.6 * g for g in range(9)), draft_pair=0.9)
+    """At α → 1 drafting pays by 6% after an accepted block (2 tokens to feed), by 2% after 2 plain steps (3 to
+    feed: under the 5% that timing noise can make, PAY_MARGIN, so it does not count) and not at all after 3."""
+    prof = CostProfile(draft_token=0.3, target_block=tuple(1 + 0.6 * g for g in range(9)), draft_pair=0.6)
+    best = [max(step_rate(prof, 1.0, g, u) for g in range(1, 9)) / step_rate(prof, 1.0, 0, u) for u in (2, 3, 4)]
+    assert best == pytest.approx([1.059, 1.023, 0.989], abs=1e-3) and PAY_MARGIN == 1.05
     assert AutoGamma(prof).can_pay() and AutoGamma(prof).can_pay(2) and not AutoGamma(prof).can_pay(3)
     told = AutoGamma(prof, prior_alpha=0.5, explore_every=3, optimism=0.0)
     assert [told.next(u) for u in range(1, 8)] == [0] * 7
@@ -239,7 +245,7 @@ def test_exploring_stops_where_the_catch_up_cannot_be_repaid():
     assert [blind.next() for _ in range(9)] == [0, 0, 1, 0, 0, 0, 0, 0, 1]
 
 # ------------------------------------------------------------------------------ the cached profile
-def test_profile_is_measured_once_and_cached(tmp_path, caplog):
+def test_profile_is_measured_once_and_cached(tmp_path, caplog, quiet_machine):
     target, draft = FakeLM(vocab=4, seed=1), FakeLM(vocab=4, seed=2)
     prof, measured = cached_profile(target, draft, [0, 1], cache_dir=tmp_path, g_max=4)
     assert measured and prof.g_max == 4 and prof.identity
@@ -280,7 +286,7 @@ def test_cli_gamma_flag(capsys):
         main(["diagnose", "--gamma", "auto"])
     assert e.value.code == 2
     assert main(["bench", "--gamma", "auto", "--dry-run", "--rules", "lenience:ell=0.5"]) == 0
-    assert "γ=auto(≤8)" in capsys.readouterr().out
+    assert f"γ=auto(≤{DEFAULT_G_MAX})" in capsys.readouterr().out
     assert main(["generate", "--prompt", "x", "--gamma", "auto", "--no-cost-model", "--target", "nope.gguf"]) == 2
 
 
@@ -300,10 +306,11 @@ def test_step_cost_counts_the_drafts_catch_up_and_the_rows():
 # ------------------------------------------------------------------------------ per-token stop (draft_stop="auto")
 def _rate_after(pol: AutoGamma, confidences: list[float], h: int) -> float:
     """Brute force: expected tokens per cost if the step drafts up to ``h`` tokens, the ones beyond the
-    drafted ``confidences`` counted with the policy's mean acceptance in its state; the draft's catch-up
-    reads the chance that all ``h`` survive."""
-    ahead = pol.acceptance(optimistic=False)
-    acc = [pol.acceptance_at(c) for c in confidences] + ahead[len(confidences):h]
+    drafted ``confidences`` counted with the acceptance of the last drafted one's confidence (before the first:
+    the policy's mean acceptance in its state); the draft's catch-up reads the chance that all ``h`` survive."""
+    drafted = [pol.acceptance_at(c) for c in confidences]
+    ahead = [drafted[-1]] * pol.g_max if drafted else pol.acceptance(optimistic=False)
+    acc = drafted + ahead[len(confidences):h]
     tokens, survive = 1.0, 1.0
     for a in acc[:h]:
         survive *= a
@@ -326,6 +333,18 @@ def test_keep_drafting_is_the_look_ahead_argmax_of_tokens_per_cost():
                 _rate_after(pol, conf, k)
             assert pol.keep_drafting(conf) == want
     assert pol.acceptance_at(0.95) > pol.alpha > pol.acceptance_at(0.05)
+
+
+def test_a_confident_draft_drafts_on_from_the_first_step():
+    """Before any position is verified, a drafted token's acceptance is its bin's middle confidence (a draft's
+    confidence approximates its acceptance, EAGLE-2), and the tokens not yet drafted count with the last one's:
+    a confident draft drafts on in the generation's first step, an unsure token ends the chain."""
+    pol = AutoGamma(CHEAP_DRAFT, by_confidence=True)
+    assert pol.acceptance_at(0.97) == pytest.approx(0.95) and pol.acceptance_at(0.02) == pytest.approx(0.05)
+    assert all(pol.keep_drafting([0.97] * k) for k in range(1, pol.g_max))
+    assert not pol.keep_drafting([0.97, 0.97, 0.02])
+    pol.update(0, 3, [0.97, 0.97, 0.97])       # evidence moves the bin away from its prior
+    assert pol.acceptance_at(0.97) < 0.95
 
 
 def test_confidence_stop_drafts_on_when_sure_and_stops_when_not():
@@ -560,24 +579,12 @@ def test_a_profile_measured_on_a_busy_machine_is_measured_again_once_quiet(tmp_p
         again, measured = cached_profile(target, draft, [0, 1], cache_dir=tmp_path, g_max=3)
     assert not measured and again.busy == 0.6 and "still busy" in caplog.text
     monkeypatch.setattr(calibrate, "other_load_now", lambda seconds=0.5: 0.0)     # quiet now: measured again
-    monkeypatch.setattr(calibrate, "OtherLoad", _Quiet)
+    monkeypatch.setattr(calibrate, "OtherLoad", QuietLoad)
     fresh, measured = cached_profile(target, draft, [0, 1], cache_dir=tmp_path, g_max=3)
     assert measured and fresh.busy == 0.0
     assert CostProfile.from_json(json.loads(path.read_text())).busy == 0.0
     with pytest.raises(ValueError, match="busy"):
         dataclasses.replace(prof, busy=1.5)
-
-
-class _Quiet:
-    """An OtherLoad that reports a quiet machine."""
-
-    share = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 class _StallsOnOneToken(_SlowLM):

@@ -126,7 +126,7 @@ def test_auto_lookup_with_a_draft_model_samples_the_target_law():
     assert_law(counts, law)
 
 
-def test_profiles_without_a_draft_model(tmp_path):
+def test_profiles_without_a_draft_model(tmp_path, quiet_machine):
     target, draft = FakeLM(vocab=4, seed=1), FakeLM(vocab=4, seed=2)
     prof = measure_profile(target, None, [0, 1], g_max=3, repeats=3)
     assert not prof.has_draft and prof.g_max == 3 and prof.verify_cost(2) > 1.0 and target.n_cached == 2

@@ -31,9 +31,13 @@ from dataclasses import asdict, dataclass
 #: Version of the cached file's layout and measurement; a file of another version is re-measured
 #: (4: the overheads are medians over rounds, 3's single round could carry a stall; 5: forwards are the fastest
 #: of their rounds, and the share of the CPU other work used while measuring is recorded, so that a profile
-#: measured on a busy machine is measured again).
-PROFILE_VERSION = 5
-DEFAULT_G_MAX = 8
+#: measured on a busy machine is measured again; 6: up to 16 draft tokens, and the transformers backend's forwards
+#: run with its per-row-count plan of linear products, :func:`~verispec.models.cpu_linear.plan_rows`).
+PROFILE_VERSION = 6
+#: the longest draft a profile measures by default (``--gamma auto``'s cap): on the 2-core VM the transformers
+#: backend verifies 16 tokens for about what 8 cost (its products of 9..16 rows all run as 16), so where the
+#: draft is accepted whole the longest drafts pay most
+DEFAULT_G_MAX = 16
 
 
 @dataclass(frozen=True)

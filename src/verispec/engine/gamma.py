@@ -22,9 +22,9 @@ of Leviathan et al. (2023, eq. 1).  ``g = 0`` -- a plain target step, no draft -
 (the optimistic α does not move), after ``explore_every`` consecutive plain steps one step drafts one
 token instead, and each such probe doubles the wait before the next (up to ``MAX_EXPLORE_WAIT``; a
 chosen draft resets it), so a pair that keeps losing costs a logarithmic number of probes -- unless
-drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1 / cost(0)`` for every ``g``: the draft
-is too slow for its target on this machine), where every step is plain (and the engine never runs
-the draft model: :attr:`~verispec.engine.plan.DraftPlan.defers_draft`).
+drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1.05 / cost(0)`` for every ``g``, a margin for
+timing noise, :data:`PAY_MARGIN`: the draft is too slow for its target on this machine), where every step is
+plain (and the engine never runs the draft model: :attr:`~verispec.engine.plan.DraftPlan.defers_draft`).
 Both decisions count what the draft's first forward of the step costs: after ``k`` plain steps it
 feeds the ``k + 1`` tokens it has not seen (``unseen``, told by the engine), so a long plain run
 makes the next draft dearer, and exploring stops where even α → 1 would not repay that catch-up.
@@ -33,12 +33,15 @@ makes the next draft dearer, and exploring stops where even α → 1 would not r
 while the cost model says one more token pays, given the draft's own probabilities of the tokens it
 drafted so far. ``a(c)``, the chance that a drafted token with draft probability ``c`` is accepted
 (its predecessors accepted), is estimated per bin of ``c`` from this generation's verified positions
-(shrunk towards ``α``). After ``k`` tokens with probabilities ``c_1..c_k``, all ``k`` survive with
-``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i`` tokens at ``cost(k)``. Drafting goes
-on iff some ``h`` in ``k+1 .. g_max`` has ``(T_k + S_k·(α_s + … + α_s^{h−k})) / cost(h) > T_k / cost(k)``
-(the tokens not yet drafted count with the state's mean acceptance ``α_s``): the full look-ahead, since
-``v(g)`` need not be convex. This scores every draft slot by its survival probability against the
-profiled cost of the step, as vLLM's adaptive verification does. The decision reads the draft alone,
+(shrunk towards the bin's middle ``c``: a draft's confidence approximates its acceptance, as EAGLE-2
+found, so a confident draft drafts on from the first step). After ``k`` tokens with probabilities
+``c_1..c_k``, all ``k`` survive with ``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i``
+tokens at ``cost(k)``. Drafting goes on iff some ``h`` in ``k+1 .. g_max`` has
+``(T_k + S_k·(a_k + … + a_k^{h−k})) / cost(h) > T_k / cost(k)`` (the tokens not yet drafted count with the
+acceptance ``a_k = a(c_k)`` of the last drafted one: a draft's confidence comes in runs, as its acceptance
+does; before the first, with the state's mean acceptance): the full look-ahead, since ``v(g)`` need not be
+convex. This scores every draft slot by its survival probability against the profiled cost of the step, as
+vLLM's adaptive verification does. The decision reads the draft alone,
 like ``--draft-stop P``.
 
 **Prompt lookup** (:class:`LookupGamma`): lookup's drafts cost nothing to make, only to verify
@@ -125,6 +128,12 @@ def _rate_along(profile: CostProfile, acceptance: Sequence[float], g: int, unsee
 
 #: longest run of plain steps between two one-token probes (:class:`AutoGamma`'s back-off)
 MAX_EXPLORE_WAIT = 256
+#: how much faster than a plain step a draft length must be at acceptance α → 1 for drafting to count as able to
+#: pay (:meth:`AutoGamma.can_pay`): a profile's forwards carry a few per cent of timing noise, and no pair accepts
+#: every position of a long draft, so a draft that wins by less at α → 1 loses at any real acceptance (the
+#: llama.cpp profile of the 2-core VM: γ = 15 at α → 1 was 1% faster than a plain step -- 16 rows cost 6.7
+#: target steps there, 15 cost 8.6 -- and preparing the draft for it cost 12% of target-only's speed)
+PAY_MARGIN = 1.05
 
 
 @dataclass
@@ -136,8 +145,10 @@ class AutoGamma:
     prior_alpha: float = 0.7
     prior_weight: float = 4.0
     explore_every: int = 8
-    #: posterior standard deviations added to each acceptance for the choice of γ (0: the posterior mean)
-    optimism: float = 1.0
+    #: posterior standard deviations added to each acceptance for the choice of γ (0: the posterior mean);
+    #: 0.5 came out best in simulations of 32- and 96-token generations at i.i.d. acceptance 0.5 .. 0.99 and
+    #: in runs (1.0 lost up to 19% to the best fixed γ at acceptance 0.7, 0.0 ramped too slowly at 0.99)
+    optimism: float = 0.5
     by_confidence: bool = False
     #: with ``by_confidence``: every step drafts up to this many tokens instead of the cost model's γ
     fixed: int | None = None
@@ -212,9 +223,10 @@ class AutoGamma:
         return _rate_along(self.profile, self.acceptance(), g, unseen)
 
     def can_pay(self, unseen: int | None = None) -> bool:
-        """Whether some draft length beats a plain step at acceptance α → 1 (with ``unseen`` tokens to
-        feed the draft first): where it does not, exploring cannot pay either."""
-        return best_gamma(self.profile, 1.0, self.g_max, unseen) > 0
+        """Whether some draft length beats a plain step by :data:`PAY_MARGIN` at acceptance α → 1 (with
+        ``unseen`` tokens to feed the draft first): where it does not, exploring cannot pay either."""
+        plain = step_rate(self.profile, 1.0, 0, unseen)
+        return any(step_rate(self.profile, 1.0, g, unseen) > PAY_MARGIN * plain for g in range(1, self.g_max + 1))
 
     def update(self, n_accepted: int, g: int, confidences: list[float] | None = None) -> None:
         """Record a verified step: ``n_accepted`` of ``g`` drafts accepted (positions verified: the
@@ -232,9 +244,12 @@ class AutoGamma:
         self.state = int(g > 0 and n_accepted >= g)
 
     def acceptance_at(self, confidence: float) -> float:
-        """Estimated acceptance of a drafted token the draft gave probability ``confidence``."""
+        """Estimated acceptance of a drafted token the draft gave probability ``confidence``: that of the
+        verified positions in its bin of confidence, shrunk towards the bin's middle confidence (a draft's
+        confidence approximates its acceptance: EAGLE-2, Li et al. 2024, §3), so that a confident draft
+        drafts on from the first step, before any position of its bin is verified."""
         b = _bin(confidence)
-        return _shrunk(self.bin_accepted[b], self.bin_verified[b], self.alpha, self.prior_weight)
+        return _shrunk(self.bin_accepted[b], self.bin_verified[b], (b + 0.5) / CONFIDENCE_BINS, self.prior_weight)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Whether to draft one more token after drafting tokens of these draft probabilities (see the
@@ -245,8 +260,8 @@ class AutoGamma:
             return False
         if not self.by_confidence:
             return True
-        ahead = self.acceptance(optimistic=False)
         drafted = [self.acceptance_at(c) for c in confidences]
+        ahead = [drafted[-1]] * top if drafted else self.acceptance(optimistic=False)
         now = _rate_along(self.profile, drafted, k)
         for h in range(k + 1, top + 1):
             if _rate_along(self.profile, drafted + ahead[k:h], h) > now:

@@ -87,7 +87,7 @@ def load_backend(
         return single
     if batch_invariant:    # one model, one cache per row, one model call per row
         return RowsOfBackends([single] + [HFBackend(single.model, tokenizer=single.tokenizer, device=single.device,
-                                                    linear_layout=single.linear_layout)
+                                                    linear_layout=single.linear_layout, row_plan=single.row_plan)
                                           for _ in range(batch_size - 1)])
     return HFBatchBackend(single, batch_size=batch_size)
 

@@ -335,7 +335,7 @@ class HFBatchBackend(_TextOf):
         if self._keep_kw is not None and wanted != "all":
             kwargs[self._keep_kw] = 1   # right-aligned: every row's last token is the last column
         try:
-            with linear_mode(self.single.linear_layout, batch * t_new):
+            with linear_mode(self.single.linear_layout, batch * t_new, self.single.row_plan):
                 out = self.model(input_ids=input_ids, **kwargs)
         except BaseException:
             self._select_columns(n_old)   # layers may have been extended unevenly

@@ -13,6 +13,18 @@ one of the model's own weights; :class:`WeightMajorLinear` is a ``TorchFunctionM
 linears of one model call weight-major when their input has 2..``max_rows`` rows on the CPU in
 float32 (other calls pass through untouched). It is entered around a backend's model call, never
 installed globally, so the model object stays as the user built it.
+
+**A plan per row count.** Neither product is fast for every number of rows, and neither is monotone in
+it: on that VM (2 threads) the output layer ``[151936, 1536]`` took 62 ms for one row with either
+product, 32 ms for *two* rows weight-major, 243 ms for 15 rows and 152 ms for 16; whole target forwards
+followed (two tokens at 0.70-0.78 of one token's time, 16 tokens at 0.55 of 15 tokens'). Memory-bound
+products cost what streaming the weight costs, so computing a few zero rows more is free where the
+kernel for that row count is the better one. :func:`plan_rows` times both products for every row count
+``1 .. max_rows`` on the model's largest linear weight and plans, for each ``n``, the row count ``m >= n``
+and product that is fastest (padding the input with ``m − n`` zero rows, dropped from the output); a
+plan is used only where it beats the standard product by :data:`PLAN_MARGIN`, so timing noise does not
+reroute a call. The rows of the output are those of ``F.linear`` up to float rounding: zero rows change
+no other row of a product.
 """
 
 from __future__ import annotations
@@ -36,13 +48,27 @@ MIN_TIMED_WEIGHT = 1 << 22
 TIMED_ROWS = 4
 
 
-class WeightMajorLinear(TorchFunctionMode):
-    """Computes ``F.linear(x, W, b)`` as ``(W @ x2d.T).T + b`` for CPU float32 inputs of 2..``max_rows``
-    rows (``x``: ``[..., in]``, rows = all leading dimensions together); counts them in :attr:`calls`."""
+#: a row count's plan: ``(m, weight_major)``: compute it as ``m >= n`` rows, weight-major or not
+RowChoice = tuple[int, bool]
+#: a padded or weight-major product must take at most this share of the standard product's time to be used
+PLAN_MARGIN = 0.9
 
-    def __init__(self, max_rows: int = MAX_ROWS) -> None:
+
+def default_plan(max_rows: int = MAX_ROWS) -> tuple[RowChoice, ...]:
+    """The plan without timing: one row standard, 2..``max_rows`` rows weight-major, nothing padded."""
+    return ((1, False),) + tuple((n, True) for n in range(2, max_rows + 1))
+
+
+class WeightMajorLinear(TorchFunctionMode):
+    """Computes ``F.linear(x, W, b)`` of CPU float32 inputs of ``n`` rows (``x``: ``[..., in]``, rows = all
+    leading dimensions together) as ``plan[n − 1] = (m, weight_major)`` says: ``m − n`` zero rows appended,
+    ``(W @ x2d.T).T + b`` where ``weight_major``, the rows of the input kept (default plan: weight-major for
+    2..``max_rows`` rows, :func:`default_plan`); counts the calls it reroutes in :attr:`calls`."""
+
+    def __init__(self, max_rows: int = MAX_ROWS, plan: tuple[RowChoice, ...] | None = None) -> None:
         super().__init__()
-        self.max_rows = max_rows
+        self.plan = default_plan(max_rows) if plan is None else plan
+        self.max_rows = len(self.plan)
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -59,9 +85,16 @@ class WeightMajorLinear(TorchFunctionMode):
         if x.dtype != torch.float32 or weight.dtype != torch.float32:
             return None
         rows = x.numel() // max(x.shape[-1], 1)   # a 1-D input is one row
-        if not 2 <= rows <= self.max_rows:
+        if not 1 <= rows <= self.max_rows:
             return None
-        out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()   # [rows, out]
+        m, weight_major = self.plan[rows - 1]
+        if m == rows and not weight_major:
+            return None
+        x2d = x.reshape(rows, x.shape[-1])
+        if m > rows:
+            x2d = torch.cat([x2d, x2d.new_zeros(m - rows, x2d.shape[1])])
+        out = torch.mm(weight, x2d.t()).t() if weight_major else F.linear(x2d, weight)
+        out = out[:rows].contiguous()   # [rows, out]
         if bias is not None:
             out.add_(bias)
         self.calls += 1
@@ -109,6 +142,72 @@ def choose_linear_layout(model: torch.nn.Module, *, repeats: int = 3) -> str:
     return "weight-major" if weight_major < 0.9 * standard else "standard"
 
 
+@torch.inference_mode()
+def plan_rows(model: torch.nn.Module, *, repeats: int = 3) -> tuple[RowChoice, ...]:
+    """The fastest way to compute a linear of ``n`` rows, for ``n = 1 .. MAX_ROWS`` (see the module): both
+    products of every row count timed on the model's largest linear weight, the fastest of ``repeats``
+    rounds that each time every product once in a rotated order (so that a slow spell of the machine
+    does not hit one row count only); then :func:`plan_from_times`. One row (every decoding step) is
+    computed as two weight-major rows where that is faster on that weight and the output layer together.
+    Models without a timed weight (:func:`choose_linear_layout`) get :func:`default_plan`."""
+    weight = _largest_linear_weight(model)
+    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32 \
+            or weight.numel() < MIN_TIMED_WEIGHT:
+        return default_plan()
+    x = torch.randn(MAX_ROWS, weight.shape[1], dtype=weight.dtype, generator=torch.Generator().manual_seed(0))
+    products = [(m, major) for m in range(1, MAX_ROWS + 1) for major in (False, True)]
+
+    def run(m: int, major: bool) -> None:
+        if major:
+            torch.mm(weight, x[:m].t()).t().contiguous()
+        else:
+            F.linear(x[:m], weight)
+
+    best = dict.fromkeys(products, float("inf"))
+    run(MAX_ROWS, True)   # allocation, thread start-up
+    for r in range(repeats):
+        shift = r * len(products) // repeats
+        for m, major in products[shift:] + products[:shift]:
+            t = time.perf_counter()
+            run(m, major)
+            best[m, major] = min(best[m, major], time.perf_counter() - t)
+    plan = plan_from_times([best[m, False] for m in range(1, MAX_ROWS + 1)],
+                           [best[m, True] for m in range(1, MAX_ROWS + 1)])
+    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out = getattr(out_layer, "weight", None)
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.device.type == "cpu" and out.dtype == torch.float32:
+        # one row -- every decoding step -- is decided on the output layer as well, where padding gains most
+        # (2x on that VM, against 15% on the largest linear: close enough to the margin for noise to flip it)
+        y = torch.randn(2, out.shape[1], dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+        one = best[1, False] + _best_time(lambda: F.linear(y[:1], out), repeats)
+        two = best[2, True] + _best_time(lambda: torch.mm(out, y.t()).t().contiguous(), repeats)
+        plan = ((2, True) if two <= PLAN_MARGIN * one else (1, False),) + plan[1:]
+    return plan
+
+
+def plan_from_times(standard: list[float], major: list[float]) -> tuple[RowChoice, ...]:
+    """:func:`plan_rows`'s choice from the seconds of each product of ``1 .. len(standard)`` rows."""
+    best = [min(s, w) for s, w in zip(standard, major)]
+    plan = []
+    for n in range(1, len(best) + 1):
+        fastest = min(best[n - 1:])
+        m = next(m for m in range(n, len(best) + 1) if best[m - 1] <= 1.05 * fastest)
+        if best[m - 1] <= PLAN_MARGIN * standard[n - 1]:
+            plan.append((m, major[m - 1] < standard[m - 1]))
+        else:
+            plan.append((n, False))
+    return tuple(plan)
+
+
+def describe_plan(plan: tuple[RowChoice, ...] | None) -> str:
+    """The plan in a few words: the row counts computed otherwise than as given, e.g. ``1→2w 15→16w``."""
+    if plan is None:
+        return "standard"
+    moved = [f"{n}→{m}{'w' if wm else 's'}" for n, (m, wm) in enumerate(plan, 1) if m != n]
+    major = sum(wm and m == n for n, (m, wm) in enumerate(plan, 1))
+    return f"{major} row counts weight-major" + (f", padded {' '.join(moved)}" if moved else "")
+
+
 def resolve_linear_layout(layout: str, model: torch.nn.Module) -> str:
     """``layout`` checked against :data:`LINEAR_LAYOUTS`, with ``auto`` decided by measurement."""
     if layout not in LINEAR_LAYOUTS:
@@ -116,9 +215,12 @@ def resolve_linear_layout(layout: str, model: torch.nn.Module) -> str:
     return choose_linear_layout(model) if layout == "auto" else layout
 
 
-def linear_mode(layout: str, rows: int) -> contextlib.AbstractContextManager:
+def linear_mode(layout: str, rows: int, plan: tuple[RowChoice, ...] | None = None) -> contextlib.AbstractContextManager:
     """The context to run a model call of ``rows`` input rows in (a no-op unless it computes linears
-    weight-major)."""
-    if layout == "weight-major" and 2 <= rows <= MAX_ROWS:
-        return WeightMajorLinear()
+    weight-major or padded): ``plan`` the backend's (:func:`plan_rows`; None: :func:`default_plan`)."""
+    if layout != "weight-major":
+        return contextlib.nullcontext()
+    plan = default_plan() if plan is None else plan
+    if 1 <= rows <= len(plan) and plan[rows - 1] != (rows, False):
+        return WeightMajorLinear(plan=plan)
     return contextlib.nullcontext()

@@ -304,7 +304,7 @@ def with_draft_vocab(draft, token_ids: Sequence[int]):
         if draft.capture_hidden is not None:
             raise ValueError("a draft with a reduced vocabulary does not capture hidden states")
         reduced = HFBackend(_ReducedHead(draft.model, torch.tensor(ids, dtype=torch.long)), tokenizer=draft.tokenizer,
-                            device=draft.device, linear_layout=draft.linear_layout)
+                            device=draft.device, linear_layout=draft.linear_layout, row_plan=draft.row_plan)
         reduced.name = f"{draft.name}+vocab{len(ids)}:{_digest(ids)}"
         reduced.token_ids = ids
         return reduced

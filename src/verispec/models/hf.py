@@ -25,7 +25,7 @@ from .base import (
     check_tree_path,
     tree_open_error,
 )
-from .cpu_linear import linear_mode, resolve_linear_layout
+from .cpu_linear import linear_mode, plan_rows, resolve_linear_layout
 
 # Token strings that end a turn/sequence in common chat models (added to the configured EOS ids).
 _EOG_STRINGS = (
@@ -72,7 +72,10 @@ class HFBackend:
     ``"standard"`` (``F.linear``), ``"weight-major"`` (``(W @ x.T).T``, which streams each weight once
     where the BLAS's small-row product does not; see :mod:`verispec.models.cpu_linear`), or ``"auto"``
     (default): timed once on this machine for CPU float32 models, ``"standard"`` otherwise. The
-    resolved choice is :attr:`linear_layout`. The model object is not changed.
+    resolved choice is :attr:`linear_layout`; with ``"weight-major"``, :attr:`row_plan` says how each
+    number of rows is computed (timed: some row counts are faster padded with zero rows to a count
+    whose kernel is faster, :func:`~verispec.models.cpu_linear.plan_rows`; ``row_plan`` given: that
+    plan, e.g. another backend's of the same model). The model object is not changed.
 
     ``capture_hidden``: layer indices as in ``output_hidden_states`` (0 = embedding output, ``L`` = the
     last layer's output after the final norm, negative from the end). Then :attr:`last_hidden` holds the
@@ -92,6 +95,7 @@ class HFBackend:
         capture_hidden: Sequence[int] | None = None,
         device_map: str | dict | None = None,
         linear_layout: str = "auto",
+        row_plan: tuple[tuple[int, bool], ...] | None = None,
     ) -> None:
         import transformers
 
@@ -140,6 +144,8 @@ class HFBackend:
         self.dtype: torch.dtype = next(model.parameters()).dtype
         #: "standard" or "weight-major": how this backend's multi-row model calls compute linear layers
         self.linear_layout: str = resolve_linear_layout(linear_layout, model)
+        #: with the weight-major layout: per number of rows, the rows computed and whether weight-major
+        self.row_plan = None if self.linear_layout != "weight-major" else row_plan or plan_rows(model)
         self._out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
 
         cfg = model.config
@@ -307,7 +313,7 @@ class HFBackend:
             kwargs["output_hidden_states"] = True
         self.last_hidden = None
         try:
-            with linear_mode(self.linear_layout, len(toks)):
+            with linear_mode(self.linear_layout, len(toks), self.row_plan):
                 out = self.model(input_ids=input_ids, **kwargs)
         except BaseException:
             self._truncate(before)  # layers may have been extended unevenly
