@@ -1,0 +1,100 @@
+"""``--gamma auto`` against every fixed γ on simulated acceptance, priced by a cost profile (no model runs).
+
+Each generation emits ``--tokens`` tokens; a step drafting ``g`` tokens accepts each position with
+probability ``α`` (i.i.d.), or, for ``runs``, with 0.97 in an easy stretch and 0.45 in a hard one,
+switching with probability 0.08 per position. A step costs the profile's ``step_cost(g)``. Printed per
+acceptance process: the best fixed γ's tokens per unit of cost (target steps) and, for each
+:class:`~verispec.engine.gamma.AutoGamma` setting (``--settings``: optimism / prior weight / prior
+α), its rate over the best fixed γ's -- the figures behind ``AutoGamma.optimism``'s default.
+
+    .venv/bin/python benchmarks/gamma_sim.py [--profile FILE.json] [--tokens 48] [--seeds 200]
+        [--settings 'optimism=1;optimism=0.5;optimism=0']
+
+Without ``--profile``: the transformers-backend profile of the 2-core AMD EPYC VM of 2026-12-02
+(target token 254.8 ms, ``c = 0.359``, ``v(1..16)`` as in docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+
+from verispec.engine.costs import CostProfile
+from verispec.engine.gamma import AutoGamma
+
+#: v(0..16) of the transformers backend's profile on the 2-core VM (docs/performance.md, second round)
+VM_V = (1.0, 1.21, 1.74, 1.96, 2.30, 2.54, 2.59, 2.68, 2.99, 2.80, 2.90, 2.94, 2.96, 2.72, 3.13, 3.19, 3.99)
+
+
+def vm_profile() -> CostProfile:
+    t = 0.2548
+    return CostProfile(draft_token=0.359 * t, target_block=tuple(v * t for v in VM_V))
+
+
+def _acceptor(process: str, rng: random.Random):
+    if process != "runs":
+        alpha = float(process)
+        return lambda: rng.random() < alpha
+    easy = [True]
+
+    def accept() -> bool:
+        if rng.random() < 0.08:
+            easy[0] = not easy[0]
+        return rng.random() < (0.97 if easy[0] else 0.45)
+    return accept
+
+
+def rate(profile: CostProfile, process: str, tokens: int, seed: int, fixed: int | None = None,
+         settings: dict | None = None) -> float:
+    """Tokens per unit of cost of one simulated generation (a fixed γ, or AutoGamma with ``settings``)."""
+    rng = random.Random(seed)
+    accept = _acceptor(process, rng)
+    policy = None if fixed is not None else AutoGamma(profile, **(settings or {}))
+    emitted, cost = 0, 0.0
+    while emitted < tokens:
+        g = fixed if policy is None else policy.next()
+        n = 0
+        while n < g and accept():
+            n += 1
+        cost += profile.step_cost(g)
+        emitted += n + 1
+        if policy is not None:
+            policy.update(n, g)
+    return emitted / cost
+
+
+def _settings(text: str) -> list[dict]:
+    out = []
+    for part in (p for p in text.split(";") if p.strip()):
+        out.append({k.strip(): float(v) for k, v in (kv.split("=") for kv in part.split(","))})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", help="a cached cost profile (JSON) instead of the VM's")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--processes", default="0.5,0.7,0.85,0.95,0.98,1.0,runs")
+    ap.add_argument("--settings", default="optimism=1;optimism=0.5;optimism=0")
+    args = ap.parse_args(argv)
+    profile = CostProfile.from_json(json.load(open(args.profile))) if args.profile else vm_profile()
+    settings = _settings(args.settings)
+    gammas = sorted({1, 2, 3, 4, 6, 8, 12, profile.g_max - 1} & set(range(1, profile.g_max + 1)))
+    print(f"{args.tokens} tokens, {args.seeds} seeds; columns: auto / best fixed γ for "
+          + "; ".join(",".join(f"{k}={v:g}" for k, v in s.items()) for s in settings))
+    for process in args.processes.split(","):
+        fixed = {g: statistics.mean(rate(profile, process, args.tokens, s, fixed=g) for s in range(args.seeds))
+                 for g in gammas}
+        best = max(fixed, key=fixed.get)
+        autos = [statistics.mean(rate(profile, process, args.tokens, s, settings=st) for s in range(args.seeds))
+                 for st in settings]
+        print(f"  α {process:>5}: best γ = {best:2d} ({fixed[best]:.2f} tokens per target step)  "
+              + "  ".join(f"{a / fixed[best]:.2f}x" for a in autos))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
