@@ -329,16 +329,8 @@ def _report(label, args, rounds, classes, modes, results) -> None:
                   f"{med[name]:5.2f}x {min(ratios):5.2f}-{max(ratios):<5.2f} {be:5.2f} "
                   f"{statistics.mean(r['mean_g'] for r in rows):6.2f} {acc} {pred} "
                   f"{100 * max(r['share'] for r in rows):5.0f}%")
-        fixed = {n: v for n, v in med.items() if n.startswith("γ=") and "vocab" not in n}
-        line = f"  {cls}:"
-        for auto in [n for n in med if n.startswith("auto")]:
-            if fixed:
-                best = max(fixed, key=fixed.get)
-                line += f" {auto} / best fixed ({best}) {med[auto] / fixed[best]:.2f}x;"
-            for theirs in ("transformers default", "transformers default, w-major"):
-                if theirs in med:
-                    line += f" {auto} / {theirs} {med[auto] / med[theirs]:.2f}x;"
-        summary.append(line)
+        summary.append(f"  {cls}:" + "".join(f" {auto} / {text};" for auto in med if auto.startswith("auto")
+                                             for text in _against(auto, med)))
     print(" per class:")
     print("\n".join(summary))
     base = [_pooled_rate(results, classes, "target-only", rnd) for rnd in range(rounds)]
@@ -347,17 +339,23 @@ def _report(label, args, rounds, classes, modes, results) -> None:
     print(f" overall ({len(classes)} classes, median over rounds of the ratio to target-only, range):")
     for name, ratios in overall.items():
         print(f"  {name:30} {statistics.median(ratios):5.2f}x {min(ratios):5.2f}-{max(ratios):<5.2f}")
-    fixed = {n: statistics.median(v) for n, v in overall.items() if n.startswith("γ=") and "vocab" not in n}
-    for auto in [n for n in overall if n.startswith("auto")]:
-        a = statistics.median(overall[auto])
-        line = f"  overall {auto}:"
-        if fixed:
-            best = max(fixed, key=fixed.get)
-            line += f" / best fixed ({best}) {a / fixed[best]:.2f}x;"
-        for theirs in ("transformers default", "transformers default, w-major"):
-            if theirs in overall:
-                line += f" / {theirs} {a / statistics.median(overall[theirs]):.2f}x;"
-        print(line)
+    medians = {name: statistics.median(ratios) for name, ratios in overall.items()}
+    for auto in [n for n in medians if n.startswith("auto")]:
+        print(f"  overall {auto}:" + "".join(f" / {text};" for text in _against(auto, medians)))
+
+
+def _against(auto: str, ratios: dict[str, float]) -> list[str]:
+    """``auto``'s ratio to the best fixed full-vocabulary γ and to transformers' default schedules among
+    ``ratios`` (mode -> ratio to target-only), e.g. ``best fixed (γ=4) 1.16x``."""
+    fixed = {n: v for n, v in ratios.items() if n.startswith("γ=") and "vocab" not in n}
+    texts = []
+    if fixed:
+        best = max(fixed, key=fixed.get)
+        texts.append(f"best fixed ({best}) {ratios[auto] / fixed[best]:.2f}x")
+    for theirs in ("transformers default", "transformers default, w-major"):
+        if theirs in ratios:
+            texts.append(f"{theirs} {ratios[auto] / ratios[theirs]:.2f}x")
+    return texts
 
 
 def _pooled_rate(results, classes, mode: str, rnd: int) -> float:

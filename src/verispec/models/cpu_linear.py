@@ -30,6 +30,7 @@ no other row of a product.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -54,6 +55,7 @@ RowChoice = tuple[int, bool]
 PLAN_MARGIN = 0.9
 
 
+@functools.cache
 def default_plan(max_rows: int = MAX_ROWS) -> tuple[RowChoice, ...]:
     """The plan without timing: one row standard, 2..``max_rows`` rows weight-major, nothing padded."""
     return ((1, False),) + tuple((n, True) for n in range(2, max_rows + 1))
