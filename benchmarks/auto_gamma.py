@@ -8,8 +8,13 @@ repetitive one), every round runs, interleaved so that a slow spell of the machi
 * ``target-only`` (verispec's ``generate_target_only``): the reference of every ratio;
   (the modes run in an order rotated from one prompt to the next, so that none always runs first)
 * ``γ=G`` for every fixed ``G`` of ``--gammas``: lossless chain SD;
-* ``auto``: ``gamma="auto"`` (the cost model picks γ per step, :class:`~verispec.engine.gamma.AutoGamma`);
-* ``auto+stop``: ``gamma="auto"`` and ``draft_stop="auto"`` (and the chain is cut token by token);
+* ``auto``: ``gamma="auto", draft_stop=0.0`` (the cost model picks γ per step alone,
+  :class:`~verispec.engine.gamma.AutoGamma`);
+* ``auto+stop``: ``gamma="auto"`` and ``draft_stop="auto"`` (and the chain is cut token by token): what
+  ``gamma="auto"`` does by default with a draft model;
+* with ``--lookup-gammas G1,G2``: ``lookup γ=G`` and ``lookup auto``, prompt lookup alone (no draft model;
+  :class:`~verispec.engine.gamma.LookupGamma` chooses how many of its tokens to verify), whose drafts pay on
+  llama.cpp on machines where the draft model's do not;
 * with ``--draft-vocab K``: ``auto, vocab K``, ``auto+stop, vocab K`` and ``γ=G, vocab K`` (``--vocab-gammas``):
   the draft computing only the ``K`` most frequent tokens of its output layer
   (:mod:`verispec.models.draft_vocab`: transformers slices the output layer's rows, llama.cpp runs a GGUF
@@ -61,6 +66,7 @@ from assisted import ASSIST_KEYS, CallCounter, hf_config, load_model  # noqa: E4
 from verispec.engine import cached_profile, generate, generate_target_only  # noqa: E402
 from verispec.engine.calibrate import BUSY_LIMIT, OtherLoad, other_load_now  # noqa: E402
 from verispec.engine.costs import DEFAULT_G_MAX  # noqa: E402
+from verispec.engine.ngram import NgramDrafter  # noqa: E402
 from verispec.models import load_pair  # noqa: E402
 from verispec.models.cpu_linear import WeightMajorLinear, describe_plan  # noqa: E402
 from verispec.models.draft_vocab import draft_vocabulary, with_draft_vocab  # noqa: E402
@@ -78,10 +84,12 @@ PROMPTS = {
 }
 
 
-def _ours(target, draft, profile, sampling, width, gamma, stop=0.0):
+def _ours(target, draft, profile, sampling, width, gamma, stop=0.0, lookup=False):
+    """verispec's lossless chains; ``lookup``: prompt lookup drafts (with ``draft=None``: alone)."""
     def run(ids, n, seed):
+        drafter = NgramDrafter(max_tokens=profile.g_max if gamma == "auto" else gamma) if lookup else None
         r = generate(target, draft, ids, rule="lossless", sampling=sampling, gamma=gamma, draft_stop=stop,
-                     max_new_tokens=n, seed=seed, vocab_width=width, costs=profile)
+                     max_new_tokens=n, seed=seed, vocab_width=width, costs=profile, lookup=drafter)
         st = r.stats
         hist = st.gamma_hist
         return {"tokens": st.new_tokens, "calls": st.target_calls,
@@ -180,6 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", default="auto", help="transformers backend's linear layout (auto: timed at load)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="also run with a draft of this many output tokens")
     ap.add_argument("--vocab-gammas", default="3,5")
+    ap.add_argument("--lookup-gammas", default="", help="also run prompt lookup alone (no draft model) at these "
+                    "fixed γ and with γ auto (LookupGamma): drafts that pay on llama.cpp where the draft model's don't")
     ap.add_argument("--quiet", type=float, default=0.15, help="others' CPU share above which a run is repeated")
     ap.add_argument("--retries", type=int, default=2)
     ap.add_argument("--wait", type=float, default=600, help="seconds to wait for a quiet machine to re-measure a "
@@ -230,6 +240,11 @@ def main(argv=None) -> int:
             modes[f"auto+stop, {k}"] = _ours(target, small, small_prof, sampling, width, "auto", stop="auto")
             for g in (int(x) for x in args.vocab_gammas.split(",") if x):
                 modes[f"γ={g}, {k}"] = _ours(target, small, small_prof, sampling, width, g)
+        if args.lookup_gammas:
+            lookup_prof, _ = _quiet_profile(target, None, first, args.g_max, args.wait)
+            for g in (int(x) for x in args.lookup_gammas.split(",") if x):
+                modes[f"lookup γ={g}"] = _ours(target, None, lookup_prof, sampling, width, g, lookup=True)
+            modes["lookup auto"] = _ours(target, None, lookup_prof, sampling, width, "auto", lookup=True)
         if hf is not None:
             target_model, draft_model = hf
             counters = (CallCounter(target_model.get_output_embeddings()),
@@ -329,7 +344,7 @@ def _report(label, args, rounds, classes, modes, results) -> None:
                   f"{med[name]:5.2f}x {min(ratios):5.2f}-{max(ratios):<5.2f} {be:5.2f} "
                   f"{statistics.mean(r['mean_g'] for r in rows):6.2f} {acc} {pred} "
                   f"{100 * max(r['share'] for r in rows):5.0f}%")
-        summary.append(f"  {cls}:" + "".join(f" {auto} / {text};" for auto in med if auto.startswith("auto")
+        summary.append(f"  {cls}:" + "".join(f" {auto} / {text};" for auto in med if _is_auto(auto)
                                              for text in _against(auto, med)))
     print(" per class:")
     print("\n".join(summary))
@@ -340,20 +355,26 @@ def _report(label, args, rounds, classes, modes, results) -> None:
     for name, ratios in overall.items():
         print(f"  {name:30} {statistics.median(ratios):5.2f}x {min(ratios):5.2f}-{max(ratios):<5.2f}")
     medians = {name: statistics.median(ratios) for name, ratios in overall.items()}
-    for auto in [n for n in medians if n.startswith("auto")]:
+    for auto in [n for n in medians if _is_auto(n)]:
         print(f"  overall {auto}:" + "".join(f" / {text};" for text in _against(auto, medians)))
 
 
+def _is_auto(mode: str) -> bool:
+    return mode.startswith("auto") or mode == "lookup auto"
+
+
 def _against(auto: str, ratios: dict[str, float]) -> list[str]:
-    """``auto``'s ratio to the best fixed full-vocabulary γ and to transformers' default schedules among
-    ``ratios`` (mode -> ratio to target-only), e.g. ``best fixed (γ=4) 1.16x``."""
-    fixed = {n: v for n, v in ratios.items() if n.startswith("γ=") and "vocab" not in n}
+    """``auto``'s ratio to the best fixed full-vocabulary γ (``lookup auto``: of prompt lookup) and to
+    transformers' default schedules among ``ratios`` (mode -> ratio to target-only), e.g. ``best fixed (γ=4)
+    1.16x``."""
+    family = "lookup γ=" if auto.startswith("lookup") else "γ="
+    fixed = {n: v for n, v in ratios.items() if n.startswith(family) and "vocab" not in n}
     texts = []
     if fixed:
         best = max(fixed, key=fixed.get)
         texts.append(f"best fixed ({best}) {ratios[auto] / fixed[best]:.2f}x")
     for theirs in ("transformers default", "transformers default, w-major"):
-        if theirs in ratios:
+        if theirs in ratios and family == "γ=":
             texts.append(f"{theirs} {ratios[auto] / ratios[theirs]:.2f}x")
     return texts
 

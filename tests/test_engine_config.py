@@ -33,6 +33,14 @@ def cfg(**kw):
     ({"gamma": "auto", "costs": LOOKUP_ONLY, "draft": False, "lookup": True}, 6, "", "auto", True),
     ({"draft": False, "head": HEAD}, 3, "eagle3:top_k=4,depth=3,nodes=12", "fixed", False),
     ({"gamma": AutoGamma(PROFILE, fixed=2)}, 2, "", "fixed", False),
+    # no draft_stop given: token by token for gamma="auto" on the draft model's chains alone
+    ({"gamma": "auto", "costs": PROFILE, "draft_stop": None}, 6, "", "auto+stop", True),
+    ({"gamma": "auto", "costs": PROFILE, "draft_stop": None, "lookup": True}, 6, "", "auto", True),
+    ({"gamma": "auto", "costs": LOOKUP_ONLY, "draft_stop": None, "draft": False, "lookup": True}, 6, "", "auto", True),
+    ({"gamma": 5, "costs": PROFILE, "draft_stop": None}, 5, "", "fixed", True),
+    ({"tree": "topk:2,2", "draft_stop": None}, 2, "topk:2,2", "fixed", False),
+    ({"draft": False, "head": HEAD, "draft_stop": None}, 3, "eagle3:top_k=4,depth=3,nodes=12", "fixed", False),
+    ({"gamma": AutoGamma(PROFILE), "draft_stop": None}, 6, "", "auto", False),
 ])
 def test_resolution(kw, gamma, label, policy, modelled):
     c = cfg(**kw)
@@ -55,6 +63,7 @@ def test_resolution(kw, gamma, label, policy, modelled):
     ({"draft_stop": "auto"}, "needs the machine's cost profile"),
     ({"draft_stop": "auto", "costs": PROFILE, "gamma": 9}, "an integer in 1..6"),
     ({"gamma": "auto"}, "gamma='auto' needs the machine's cost profile"),
+    ({"gamma": "auto", "draft_stop": None}, "gamma='auto' needs the machine's cost profile"),
     ({"gamma": 0}, "must be an integer in 1..64 or 'auto'"),
     ({"gamma": True}, "must be an integer in 1..64 or 'auto'"),
     ({"gamma": 100000}, "must be an integer in 1..64 or 'auto'"),

@@ -27,6 +27,7 @@ from verispec.engine import (
 )
 from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.gamma import MAX_EXPLORE_WAIT, PAY_MARGIN, step_rate
+from verispec.engine.ngram import NgramDrafter
 from verispec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig.parse("temperature=0")
@@ -360,21 +361,48 @@ def test_confidence_stop_drafts_on_when_sure_and_stops_when_not():
 
 
 @pytest.mark.slow
-def test_draft_stop_auto_keeps_lossless_exact():
-    """Chains cut token by token by the cost model: the law of the first 4 tokens is still the target's."""
+@pytest.mark.parametrize("gamma, stop", [(4, "auto"), ("auto", None)], ids=["cap-4", "auto-default"])
+def test_draft_stop_auto_keeps_lossless_exact(gamma, stop):
+    """Chains cut token by token by the cost model, under a fixed cap and as ``gamma="auto"``'s default (plain
+    steps and the step's γ too): the law of the first 4 tokens is still the target's."""
     target, draft = FakeLM(vocab=4, seed=1), FakeLM(vocab=4, seed=2)
     prompt = [0, 1]
     law = exact_prefix_law(target, prompt, 4, T1)
     lengths: set[int] = set()
+    policies: set[str] = set()
 
     def run(seed):
-        res = generate(target, draft, prompt, rule="lossless", sampling=T1, gamma=4, max_new_tokens=4, seed=seed,
-                       costs=MIXED, draft_stop="auto")
+        res = generate(target, draft, prompt, rule="lossless", sampling=T1, gamma=gamma, max_new_tokens=4, seed=seed,
+                       costs=MIXED, draft_stop=stop)
         lengths.update(g for g, k in enumerate(res.stats.gamma_hist) if k)
+        policies.add(res.stats.gamma_policy)
         return res
 
     assert_law(sample_prefixes(run, 6000, 4), law)
     assert len(lengths - {0}) >= 2, lengths     # the chains really had different lengths
+    assert policies == {"fixed+stop" if gamma == 4 else "auto+stop"}
+
+
+def test_gamma_auto_stops_token_by_token_by_default():
+    """``gamma="auto"`` with a draft model alone cuts its chains token by token unless told otherwise
+    (``draft_stop=0.0``: the step's γ alone); with prompt lookup beside the draft model the step's γ alone
+    stays the default."""
+    target, draft = FakeLM(vocab=6, seed=1), FakeLM(vocab=6, seed=2)
+
+    def run(**kw):
+        out = generate(target, draft, [1, 2], rule="lossless", sampling=T1, gamma="auto", max_new_tokens=40, seed=3,
+                       costs=MIXED, **kw)
+        return out.tokens, out.stats.gamma_hist, out.stats.gamma_policy
+
+    default, per_token, per_step = run(), run(draft_stop="auto"), run(draft_stop=0.0)
+    assert default == per_token and default[2] == "auto+stop"
+    assert per_step[2] == "auto" and per_step[:2] != default[:2]      # a different policy, other lengths
+    with_lookup = generate(target, draft, [1, 2, 1, 2], rule="lossless", sampling=T1, gamma="auto", max_new_tokens=20,
+                           costs=MIXED, lookup=NgramDrafter(min_ngram=1, max_ngram=2, max_tokens=4))
+    assert with_lookup.stats.gamma_policy == "auto"
+    fixed = generate(target, draft, [1, 2], rule="lossless", sampling=T1, gamma=3, max_new_tokens=20, costs=MIXED)
+    hist = fixed.stats.gamma_hist       # every step drafts 3 but near the token budget
+    assert fixed.stats.gamma_policy == "fixed" and hist[3] > sum(hist) - hist[3]
 
 
 def test_draft_stop_auto_in_the_engine():

@@ -251,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON record")
     p.add_argument("--no-cost-model", action="store_true",
                    help="skip measuring per-call costs for the cost-model speedup")
-    p.add_argument("--draft-stop", type=_draft_stop, default=0.0,
+    p.add_argument("--draft-stop", type=_draft_stop, default=None,
                    help="stop drafting at a token the draft gave probability below this (0: never), or auto: "
-                   "the cost model decides token by token whether one more draft token pays")
+                   "the cost model decides token by token whether one more draft token pays (default: auto with "
+                   "--gamma auto and a draft model without --lookup, else 0; --gamma auto --draft-stop 0: the cost "
+                   "model chooses each step's γ alone)")
     p.add_argument("--draft-head", default=None,
                    help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
                    "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")

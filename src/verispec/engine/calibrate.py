@@ -36,8 +36,10 @@ from verispec.engine.costs import DEFAULT_G_MAX, CostProfile
 from verispec.engine.generate import generate, generate_target_only
 from verispec.engine.ngram import NgramDrafter
 from verispec.models.base import Backend, check_compatible
+from verispec.models.cpu_linear import plan_digest
 from verispec.models.embedded import default_cache_dir
 from verispec.rules.base import sample_categorical
+from verispec.runtime import cpu_model
 from verispec.sampling import SamplingConfig
 
 _log = logging.getLogger("verispec.costs")
@@ -234,23 +236,13 @@ def _model_identity(backend: Backend | None) -> str:
         name += f"@{device}"
     layout = getattr(backend, "linear_layout", None)   # the transformers backend's product layout
     if layout is not None:
-        name += f"[{layout}]"
+        plan = getattr(backend, "row_plan", None)        # and its plan per row count (cpu_linear.plan_rows)
+        name += f"[{layout}{'' if plan is None else ':' + plan_digest(plan)}]"
     try:
         st = os.stat(path)
         return f"{name}|{st.st_size}|{int(st.st_mtime)}"
     except (OSError, TypeError, ValueError):
         return name
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _versions() -> str:
@@ -265,7 +257,7 @@ def _versions() -> str:
 
 def profile_identity(target: Backend, draft: Backend | None, n_threads: int | None, g_max: int) -> str:
     """What a cached profile is valid for (one line, human-readable)."""
-    return (f"cpu={_cpu_model()};cores={os.cpu_count()};threads={n_threads};machine={platform.machine()};"
+    return (f"cpu={cpu_model()};cores={os.cpu_count()};threads={n_threads};machine={platform.machine()};"
             f"g_max={g_max};target={_model_identity(target)};draft={_model_identity(draft)};{_versions()}")
 
 

@@ -87,13 +87,29 @@ class SDConfig:
         return DraftPlan(self.gamma, policy=policy, lookup=lookup, profile=self.profile)
 
 
+def default_draft_stop(auto: bool, costs: bool, draft: bool, lookup: bool, chain: bool) -> float | str:
+    """``draft_stop`` where none is given: ``"auto"`` for ``gamma="auto"`` on the draft model's chains alone
+    (with ``costs``, no prompt lookup, tree or head), else 0.0 (draft every token the step chose).
+
+    The per-token stop reads the draft's confidence in each token it drafts, which the step's γ, chosen
+    before drafting, cannot: a confident draft drafts long from a generation's first step, where the step's
+    γ starts from a prior acceptance and needs several blocks accepted whole to lengthen its drafts. It was
+    ahead of the step's γ alone over the four prompt classes of ``benchmarks/auto_gamma.py`` in every run
+    (docs/performance.md). With prompt lookup, which competes with the chain's rate at the step's γ
+    (:class:`~verispec.engine.gamma.LookupGamma`), the step's γ alone stays the default."""
+    return "auto" if auto and costs and draft and not lookup and chain else 0.0
+
+
 def resolve(*, rule: Rule | str, gamma: int | str | AutoGamma, tree: TreeShape | str | None,
-            draft_stop: float | str, costs: CostProfile | None, draft: bool, lookup: bool,
+            draft_stop: float | str | None, costs: CostProfile | None, draft: bool, lookup: bool,
             head: DraftHead | None) -> SDConfig:
     """Check and resolve the drafting arguments of :func:`verispec.engine.generate` (its docstring says
-    what each means). ``draft`` / ``lookup``: whether a draft model / prompt lookup is given."""
+    what each means). ``draft`` / ``lookup``: whether a draft model / prompt lookup is given.
+    ``draft_stop=None``: :func:`default_draft_stop`."""
     user_policy = gamma if isinstance(gamma, AutoGamma) else None
     wants_auto = gamma == "auto" if user_policy is None else False
+    if draft_stop is None:
+        draft_stop = default_draft_stop(wants_auto, costs is not None, draft, lookup, tree is None and head is None)
     if (tree is not None or head is not None) and (user_policy is not None or wants_auto):
         raise ValueError("gamma='auto' chooses the length of a chain; it does not apply to --tree or a head "
                          "(drop one)")

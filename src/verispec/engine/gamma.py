@@ -29,7 +29,8 @@ Both decisions count what the draft's first forward of the step costs: after ``k
 feeds the ``k + 1`` tokens it has not seen (``unseen``, told by the engine), so a long plain run
 makes the next draft dearer, and exploring stops where even α → 1 would not repay that catch-up.
 
-**Per token** (``by_confidence=True``, ``--draft-stop auto``): within a step the draft keeps drafting
+**Per token** (``by_confidence=True``, ``--draft-stop auto``; the default of ``gamma="auto"`` with a draft
+model alone, :func:`~verispec.engine.config.default_draft_stop`): within a step the draft keeps drafting
 while the cost model says one more token pays, given the draft's own probabilities of the tokens it
 drafted so far. ``a(c)``, the chance that a drafted token with draft probability ``c`` is accepted
 (its predecessors accepted), is estimated per bin of ``c`` from this generation's verified positions

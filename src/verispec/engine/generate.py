@@ -95,7 +95,7 @@ def generate(
     tree: TreeShape | str | None = None,
     lookup: NgramDrafter | None = None,
     head: DraftHead | None = None,
-    draft_stop: float | str = 0.0,
+    draft_stop: float | str | None = None,
     observers: Sequence[Observer] = (),
 ) -> GenerationResult:
     """Speculative decoding of ``prompt_ids`` with ``rule`` on chains or trees; see the module docstring.
@@ -129,7 +129,9 @@ def generate(
     one more pays, from the draft's probabilities of the tokens drafted so far and the acceptance seen
     at such probabilities (:meth:`AutoGamma.keep_drafting`; needs ``costs`` as a :class:`CostProfile`;
     chains of the draft model; ``gamma`` is then the most a step drafts, or with ``"auto"`` the cost
-    model's γ_max). With a tree or a head, ``gamma`` is their depth.
+    model's γ_max). ``draft_stop=None`` (the default): ``"auto"`` with ``gamma="auto"`` on the draft model's
+    chains alone, else 0.0 (:func:`~verispec.engine.config.default_draft_stop`); ``gamma="auto",
+    draft_stop=0.0`` chooses the step's γ alone. With a tree or a head, ``gamma`` is their depth.
     """
     cfg = resolve(rule=rule, gamma=gamma, tree=tree, draft_stop=draft_stop, costs=costs, draft=draft is not None,
                   lookup=lookup is not None, head=head)

@@ -25,13 +25,27 @@ and product that is fastest (padding the input with ``m − n`` zero rows, dropp
 plan is used only where it beats the standard product by :data:`PLAN_MARGIN`, so timing noise does not
 reroute a call. The rows of the output are those of ``F.linear`` up to float rounding: zero rows change
 no other row of a product.
+
+**Measured once per machine and model shape** (:func:`cached_plan`): a few of these products are bimodal
+on a VM (the output layer's two-row product took 29 ms in some calls and 60-75 ms in others, in streaks of
+seconds), so two loads could time different plans -- one load left one-token forwards unpadded, 45% slower
+-- while the cost profile measured with the other plan was reused. The plan is cached under the verispec
+cache (``row_plans/``), keyed by the CPU, thread count, torch version and the timed weights' shapes, and the
+cost profile's key carries the plan's digest (:func:`plan_digest`), so a profile always prices the plan
+in use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
+import logging
+import os
+import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +67,12 @@ TIMED_ROWS = 4
 RowChoice = tuple[int, bool]
 #: a padded or weight-major product must take at most this share of the standard product's time to be used
 PLAN_MARGIN = 0.9
+#: rounds of the one-row decision (:func:`plan_rows`), one and two rows timed in turn; their medians decide
+ONE_ROW_ROUNDS = 9
+#: part of a cached plan's key: plans measured by an older rule are measured again
+PLAN_VERSION = 2
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -144,26 +164,39 @@ def choose_linear_layout(model: torch.nn.Module, *, repeats: int = 3) -> str:
     return "weight-major" if weight_major < 0.9 * standard else "standard"
 
 
+def _timed_weights(model: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(largest linear weight, output layer's weight)`` that :func:`plan_rows` times; the first is None
+    where the model gets :func:`default_plan` untimed, the second where it has no CPU float32 output layer."""
+    weight = _largest_linear_weight(model)
+    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32 \
+            or weight.numel() < MIN_TIMED_WEIGHT:
+        weight = None
+    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out = getattr(out_layer, "weight", None)
+    if not (isinstance(out, torch.Tensor) and out.dim() == 2 and out.device.type == "cpu"
+            and out.dtype == torch.float32):
+        out = None
+    return weight, out
+
+
 @torch.inference_mode()
-def plan_rows(model: torch.nn.Module, *, repeats: int = 3) -> tuple[RowChoice, ...]:
+def plan_rows(model: torch.nn.Module, *, repeats: int = 5) -> tuple[RowChoice, ...]:
     """The fastest way to compute a linear of ``n`` rows, for ``n = 1 .. MAX_ROWS`` (see the module): both
     products of every row count timed on the model's largest linear weight, the fastest of ``repeats``
     rounds that each time every product once in a rotated order (so that a slow spell of the machine
     does not hit one row count only); then :func:`plan_from_times`. One row (every decoding step) is
-    computed as two weight-major rows where that is faster on that weight and the output layer together.
-    Models without a timed weight (:func:`choose_linear_layout`) get :func:`default_plan`."""
-    weight = _largest_linear_weight(model)
-    if weight is None or weight.device.type != "cpu" or weight.dtype != torch.float32 \
-            or weight.numel() < MIN_TIMED_WEIGHT:
+    computed as two weight-major rows where that is faster on that weight and the output layer together,
+    by the medians of :data:`ONE_ROW_ROUNDS` rounds timing both in turn (the two-row product is bimodal on
+    a VM: the median says what a decoding step typically costs). Models without a timed weight
+    (:func:`choose_linear_layout`) get :func:`default_plan`. :func:`cached_plan` measures it once."""
+    weight, out = _timed_weights(model)
+    if weight is None:
         return default_plan()
     x = torch.randn(MAX_ROWS, weight.shape[1], dtype=weight.dtype, generator=torch.Generator().manual_seed(0))
     products = [(m, major) for m in range(1, MAX_ROWS + 1) for major in (False, True)]
 
     def run(m: int, major: bool) -> None:
-        if major:
-            torch.mm(weight, x[:m].t()).t().contiguous()
-        else:
-            F.linear(x[:m], weight)
+        (_weight_major_product if major else F.linear)(x[:m], weight)
 
     best = dict.fromkeys(products, float("inf"))
     run(MAX_ROWS, True)   # allocation, thread start-up
@@ -175,15 +208,70 @@ def plan_rows(model: torch.nn.Module, *, repeats: int = 3) -> tuple[RowChoice, .
             best[m, major] = min(best[m, major], time.perf_counter() - t)
     plan = plan_from_times([best[m, False] for m in range(1, MAX_ROWS + 1)],
                            [best[m, True] for m in range(1, MAX_ROWS + 1)])
-    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    out = getattr(out_layer, "weight", None)
-    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.device.type == "cpu" and out.dtype == torch.float32:
-        # one row -- every decoding step -- is decided on the output layer as well, where padding gains most
-        # (2x on that VM, against 15% on the largest linear: close enough to the margin for noise to flip it)
-        y = torch.randn(2, out.shape[1], dtype=out.dtype, generator=torch.Generator().manual_seed(1))
-        one = best[1, False] + _best_time(lambda: F.linear(y[:1], out), repeats)
-        two = best[2, True] + _best_time(lambda: torch.mm(out, y.t()).t().contiguous(), repeats)
-        plan = ((2, True) if two <= PLAN_MARGIN * one else (1, False),) + plan[1:]
+    # one row -- every decoding step -- is decided on the output layer as well, where padding gains most
+    # (2x on that VM, against 15% on the largest linear: close enough to the margin for noise to flip it)
+    timed = [w for w in (weight, out) if w is not None]
+    rows = [torch.randn(2, w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(1)) for w in timed]
+    one_row, two_rows = [], []
+    for _ in range(ONE_ROW_ROUNDS):
+        one_row.append(sum(_seconds(F.linear, y[:1], w) for w, y in zip(timed, rows)))
+        two_rows.append(sum(_seconds(_weight_major_product, y, w) for w, y in zip(timed, rows)))
+    one, two = statistics.median(one_row), statistics.median(two_rows)
+    return ((2, True) if two <= PLAN_MARGIN * one else (1, False),) + plan[1:]
+
+
+def _weight_major_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.mm(weight, x.t()).t().contiguous()
+
+
+def _seconds(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def plan_digest(plan: tuple[RowChoice, ...]) -> str:
+    """A short digest of a plan: part of the key of a cost profile measured with it."""
+    return hashlib.sha256(json.dumps([list(c) for c in plan]).encode()).hexdigest()[:12]
+
+
+def cached_plan(model: torch.nn.Module, *, cache_dir: str | os.PathLike | None = None,
+                refresh: bool = False) -> tuple[RowChoice, ...]:
+    """:func:`plan_rows`'s plan of ``model`` on this machine, measured once and then read from the cache
+    (``<cache_dir>/`` or the verispec cache's ``row_plans/``), keyed by the CPU, its core count, torch's
+    thread count and version, and the shapes of the timed weights; ``refresh``: measure it again. Models
+    :func:`plan_rows` does not time get :func:`default_plan` (nothing cached)."""
+    weight, out = _timed_weights(model)
+    if weight is None:
+        return default_plan()
+    from verispec.models.embedded import default_cache_dir
+    from verispec.runtime import cpu_model
+
+    key = (f"v{PLAN_VERSION};cpu={cpu_model()};cores={os.cpu_count()};threads={torch.get_num_threads()};"
+           f"torch={torch.__version__};rows={MAX_ROWS};margin={PLAN_MARGIN};weight={list(weight.shape)};"
+           f"out={None if out is None else list(out.shape)}")
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "row_plans"
+    path = folder / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    if not refresh:
+        try:
+            data = json.loads(path.read_text())
+            plan = tuple((int(m), bool(wm)) for m, wm in data["plan"])
+            if data.get("key") == key and len(plan) == MAX_ROWS and all(n <= m <= MAX_ROWS
+                                                                        for n, (m, _) in enumerate(plan, 1)):
+                return plan
+            log.warning("cached row plan %s does not fit this model and machine: measuring it again", path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cached row plan %s is unreadable (%s): measuring it again", path, exc)
+    plan = plan_rows(model)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "plan": [list(c) for c in plan], "described": describe_plan(plan)}))
+        os.replace(tmp, path)
+    except OSError as exc:     # a read-only cache: the plan still serves this load
+        log.warning("could not cache the row plan in %s (%s)", folder, exc)
     return plan
 
 

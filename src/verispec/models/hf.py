@@ -25,7 +25,7 @@ from .base import (
     check_tree_path,
     tree_open_error,
 )
-from .cpu_linear import linear_mode, plan_rows, resolve_linear_layout
+from .cpu_linear import cached_plan, linear_mode, resolve_linear_layout
 
 # Token strings that end a turn/sequence in common chat models (added to the configured EOS ids).
 _EOG_STRINGS = (
@@ -74,8 +74,9 @@ class HFBackend:
     (default): timed once on this machine for CPU float32 models, ``"standard"`` otherwise. The
     resolved choice is :attr:`linear_layout`; with ``"weight-major"``, :attr:`row_plan` says how each
     number of rows is computed (timed: some row counts are faster padded with zero rows to a count
-    whose kernel is faster, :func:`~verispec.models.cpu_linear.plan_rows`; ``row_plan`` given: that
-    plan, e.g. another backend's of the same model). The model object is not changed.
+    whose kernel is faster, :func:`~verispec.models.cpu_linear.plan_rows`, measured once per machine and
+    model shape, :func:`~verispec.models.cpu_linear.cached_plan`; ``row_plan`` given: that plan, e.g.
+    another backend's of the same model). The model object is not changed.
 
     ``capture_hidden``: layer indices as in ``output_hidden_states`` (0 = embedding output, ``L`` = the
     last layer's output after the final norm, negative from the end). Then :attr:`last_hidden` holds the
@@ -145,7 +146,7 @@ class HFBackend:
         #: "standard" or "weight-major": how this backend's multi-row model calls compute linear layers
         self.linear_layout: str = resolve_linear_layout(linear_layout, model)
         #: with the weight-major layout: per number of rows, the rows computed and whether weight-major
-        self.row_plan = None if self.linear_layout != "weight-major" else row_plan or plan_rows(model)
+        self.row_plan = None if self.linear_layout != "weight-major" else row_plan or cached_plan(model)
         self._out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
 
         cfg = model.config
