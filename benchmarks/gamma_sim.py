@@ -1,14 +1,18 @@
 """``--gamma auto`` against every fixed γ on simulated acceptance, priced by a cost profile (no model runs).
 
-Each generation emits ``--tokens`` tokens; a step drafting ``g`` tokens accepts each position with
-probability ``α`` (i.i.d.), or, for ``runs``, with 0.97 in an easy stretch and 0.45 in a hard one,
-switching with probability 0.08 per position. A step costs the profile's ``step_cost(g)``. Printed per
-acceptance process: the best fixed γ's tokens per unit of cost (target steps) and, for each
-:class:`~verispec.engine.gamma.AutoGamma` setting (``--settings``: optimism / prior weight / prior
-α), its rate over the best fixed γ's -- the figures behind ``AutoGamma.optimism``'s default.
+Each generation emits ``--tokens`` tokens. Every drafted token comes with the draft's confidence ``c``,
+drawn from a Beta law of mean ``α`` (concentration ``--spread``; ``c = 1`` at ``α = 1``), and is accepted
+with probability ``c`` (a calibrated draft), so each position is accepted with probability ``α``
+(i.i.d.); for ``runs``, ``α`` is 0.97 in an easy stretch and 0.45 in a hard one, switching with
+probability 0.08 per position. A step costs the profile's ``step_cost(g)``. Printed per acceptance
+process: the best fixed γ's tokens per unit of cost (target steps) and, for each
+:class:`~verispec.engine.gamma.AutoGamma` setting (``--settings``: optimism / prior weight / prior α /
+``by_confidence=1``, the per-token stop, which reads each token's ``c`` as the engine reads the draft's
+probability of it), its rate over the best fixed γ's -- the figures behind ``AutoGamma.optimism``'s
+default and ``gamma="auto"``'s default per-token stop.
 
     .venv/bin/python benchmarks/gamma_sim.py [--profile FILE.json] [--tokens 48] [--seeds 200]
-        [--settings 'optimism=1;optimism=0.5;optimism=0']
+        [--settings 'optimism=1;optimism=0.5;optimism=0;by_confidence=1'] [--spread 4]
 
 Without ``--profile``: the transformers-backend profile of the 2-core AMD EPYC VM of 2026-12-02
 (target token 254.8 ms, ``c = 0.359``, ``v(1..16)`` as in docs/performance.md).
@@ -33,35 +37,41 @@ def vm_profile() -> CostProfile:
     return CostProfile(draft_token=0.359 * t, target_block=tuple(v * t for v in VM_V))
 
 
-def _acceptor(process: str, rng: random.Random):
+def _confidences(process: str, rng: random.Random, spread: float):
+    """A function drawing the next drafted token's confidence ``c`` (its chance of acceptance)."""
+    def draw(alpha: float) -> float:
+        return 1.0 if alpha >= 1.0 else rng.betavariate(spread * alpha, spread * (1.0 - alpha))
     if process != "runs":
         alpha = float(process)
-        return lambda: rng.random() < alpha
+        return lambda: draw(alpha)
     easy = [True]
 
-    def accept() -> bool:
+    def confidence() -> float:
         if rng.random() < 0.08:
             easy[0] = not easy[0]
-        return rng.random() < (0.97 if easy[0] else 0.45)
-    return accept
+        return draw(0.97 if easy[0] else 0.45)
+    return confidence
 
 
 def rate(profile: CostProfile, process: str, tokens: int, seed: int, fixed: int | None = None,
-         settings: dict | None = None) -> float:
+         settings: dict | None = None, spread: float = 4.0) -> float:
     """Tokens per unit of cost of one simulated generation (a fixed γ, or AutoGamma with ``settings``)."""
     rng = random.Random(seed)
-    accept = _acceptor(process, rng)
+    confidence = _confidences(process, rng, spread)
     policy = None if fixed is not None else AutoGamma(profile, **(settings or {}))
     emitted, cost = 0, 0.0
     while emitted < tokens:
         g = fixed if policy is None else policy.next()
+        drafted: list[float] = []
+        while len(drafted) < g and (policy is None or not drafted or policy.keep_drafting(drafted)):
+            drafted.append(confidence())
         n = 0
-        while n < g and accept():
+        while n < len(drafted) and rng.random() < drafted[n]:
             n += 1
-        cost += profile.step_cost(g)
+        cost += profile.step_cost(len(drafted))
         emitted += n + 1
         if policy is not None:
-            policy.update(n, g)
+            policy.update(n, len(drafted), drafted)
     return emitted / cost
 
 
@@ -78,7 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--processes", default="0.5,0.7,0.85,0.95,0.98,1.0,runs")
-    ap.add_argument("--settings", default="optimism=1;optimism=0.5;optimism=0")
+    ap.add_argument("--settings", default="optimism=1;optimism=0.5;optimism=0;by_confidence=1")
+    ap.add_argument("--spread", type=float, default=4.0, help="concentration of the draft's confidences around α")
     args = ap.parse_args(argv)
     profile = CostProfile.from_json(json.load(open(args.profile))) if args.profile else vm_profile()
     settings = _settings(args.settings)
@@ -86,11 +97,11 @@ def main(argv=None) -> int:
     print(f"{args.tokens} tokens, {args.seeds} seeds; columns: auto / best fixed γ for "
           + "; ".join(",".join(f"{k}={v:g}" for k, v in s.items()) for s in settings))
     for process in args.processes.split(","):
-        fixed = {g: statistics.mean(rate(profile, process, args.tokens, s, fixed=g) for s in range(args.seeds))
-                 for g in gammas}
+        fixed = {g: statistics.mean(rate(profile, process, args.tokens, s, fixed=g, spread=args.spread)
+                                    for s in range(args.seeds)) for g in gammas}
         best = max(fixed, key=fixed.get)
-        autos = [statistics.mean(rate(profile, process, args.tokens, s, settings=st) for s in range(args.seeds))
-                 for st in settings]
+        autos = [statistics.mean(rate(profile, process, args.tokens, s, settings=st, spread=args.spread)
+                                 for s in range(args.seeds)) for st in settings]
         print(f"  α {process:>5}: best γ = {best:2d} ({fixed[best]:.2f} tokens per target step)  "
               + "  ".join(f"{a / fixed[best]:.2f}x" for a in autos))
     return 0

@@ -94,23 +94,48 @@ class _WithOutputLayer(torch.nn.Module):
         return self.head
 
 
-@pytest.mark.parametrize("one_row_s, two_rows_s, first", [
-    ([1.0], [0.1], (2, True)),
-    ([0.1], [1.0], (1, False)),
+SLOW, FAST = [0.9], [0.2]
+
+
+@pytest.mark.parametrize("standard_s, major_s, two_rows_s, first", [
+    ([1.0], [0.5], [0.1], (2, True)),
+    ([1.0], [0.1], [0.5], (1, True)),
+    ([0.1], [1.0], [1.0], (1, False)),
+    ([0.6], [0.58], [1.0], (1, False)),          # 3% faster: noise, not a reason to reroute every step
     # the two-row product is bimodal on a VM: its typical (median) time decides, not a streak of slow calls ...
-    ([0.6], [0.9, 0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2], (2, True)),
+    ([0.6], [0.6], SLOW * 3 + FAST * 6, (2, True)),
     # ... nor a few fast ones
-    ([0.6], [0.2, 0.2, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9], (1, False)),
-], ids=["faster", "slower", "mostly-faster", "mostly-slower"])
-def test_one_row_is_decided_on_the_output_layer_too(monkeypatch, one_row_s, two_rows_s, first):
-    """Every decoding step is a one-row call: it is padded to two weight-major rows where that is faster on the
-    largest linear and the output layer together, by the median of the rounds (here the output layer's times
-    decide)."""
+    ([0.6], [0.6], FAST * 3 + SLOW * 6, (1, False)),
+], ids=["two-rows", "weight-major", "standard", "within-margin", "mostly-faster", "mostly-slower"])
+def test_one_row_is_decided_on_the_output_layer_too(monkeypatch, standard_s, major_s, two_rows_s, first):
+    """Every decoding step is a one-row call: it is computed standard, weight-major or as two weight-major rows,
+    whichever is fastest on the largest linear and the output layer together, by the median of the rounds (here
+    the output layer's times decide)."""
     model = _WithOutputLayer()
-    rounds = {F.linear: iter(one_row_s * 9), cpu_linear._weight_major_product: iter(two_rows_s * 9)}
-    monkeypatch.setattr(cpu_linear, "_seconds", lambda fn, x, w: next(rounds[fn]) if w is model.head.weight else 0.01)
+    rounds = {(1, False): iter(standard_s * 9), (1, True): iter(major_s * 9), (2, True): iter(two_rows_s * 9)}
+
+    def fake_seconds(fn, x, w, m, major):
+        return next(rounds[m, major]) if w is model.head.weight and x.shape[0] == 2 else 0.01
+
+    monkeypatch.setattr(cpu_linear, "_seconds", fake_seconds)
     plan = cpu_linear.plan_rows(model, repeats=1)
     assert plan[0] == first and len(plan) == MAX_ROWS and all(m >= n for n, (m, _) in enumerate(plan, 1))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_the_weight_major_product_in_blocks_per_thread_equals_linear(threads, rows):
+    """The weight's output rows cut into one block per thread (where they divide evenly; else one product)."""
+    gen = torch.Generator().manual_seed(threads * 10 + rows)
+    weight, x = torch.randn(12, 7, generator=gen), torch.randn(rows, 7, generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_linear._weight_major_product(x, weight)
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == (rows, 12) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
 def test_the_plan_is_measured_once_per_machine_and_model_shape(monkeypatch, tmp_path, caplog):

@@ -19,7 +19,15 @@ it: on that VM (2 threads) the output layer ``[151936, 1536]`` took 62 ms for on
 product, 32 ms for *two* rows weight-major, 243 ms for 15 rows and 152 ms for 16; whole target forwards
 followed (two tokens at 0.70-0.78 of one token's time, 16 tokens at 0.55 of 15 tokens'). Memory-bound
 products cost what streaming the weight costs, so computing a few zero rows more is free where the
-kernel for that row count is the better one. :func:`plan_rows` times both products for every row count
+kernel for that row count is the better one.
+
+**One thread per block of output rows.** The BLAS multiplied a tall weight by one column on one thread,
+and by two columns on one or both threads from call to call (the output layer: 62 ms for one row,
+29-75 ms for two). The weight-major product therefore cuts the weight's output rows into one block per
+torch thread and multiplies the blocks as one batch (``torch.bmm``, one parallel region): one row
+31 ms, ``gate_proj`` 1.8 ms against 4.2 ms (2 threads).
+
+:func:`plan_rows` times both products for every row count
 ``1 .. max_rows`` on the model's largest linear weight and plans, for each ``n``, the row count ``m >= n``
 and product that is fastest (padding the input with ``m − n`` zero rows, dropped from the output); a
 plan is used only where it beats the standard product by :data:`PLAN_MARGIN`, so timing noise does not
@@ -67,10 +75,10 @@ TIMED_ROWS = 4
 RowChoice = tuple[int, bool]
 #: a padded or weight-major product must take at most this share of the standard product's time to be used
 PLAN_MARGIN = 0.9
-#: rounds of the one-row decision (:func:`plan_rows`), one and two rows timed in turn; their medians decide
+#: rounds of the one-row decision (:func:`plan_rows`), its three ways timed in turn; their medians decide
 ONE_ROW_ROUNDS = 9
 #: part of a cached plan's key: plans measured by an older rule are measured again
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +92,9 @@ def default_plan(max_rows: int = MAX_ROWS) -> tuple[RowChoice, ...]:
 class WeightMajorLinear(TorchFunctionMode):
     """Computes ``F.linear(x, W, b)`` of CPU float32 inputs of ``n`` rows (``x``: ``[..., in]``, rows = all
     leading dimensions together) as ``plan[n − 1] = (m, weight_major)`` says: ``m − n`` zero rows appended,
-    ``(W @ x2d.T).T + b`` where ``weight_major``, the rows of the input kept (default plan: weight-major for
-    2..``max_rows`` rows, :func:`default_plan`); counts the calls it reroutes in :attr:`calls`."""
+    ``(W @ x2d.T).T + b`` where ``weight_major`` (:func:`_weight_major_product`), the rows of the input
+    kept (default plan: weight-major for 2..``max_rows`` rows, :func:`default_plan`); counts the calls it
+    reroutes in :attr:`calls`."""
 
     def __init__(self, max_rows: int = MAX_ROWS, plan: tuple[RowChoice, ...] | None = None) -> None:
         super().__init__()
@@ -115,8 +124,7 @@ class WeightMajorLinear(TorchFunctionMode):
         x2d = x.reshape(rows, x.shape[-1])
         if m > rows:
             x2d = torch.cat([x2d, x2d.new_zeros(m - rows, x2d.shape[1])])
-        out = torch.mm(weight, x2d.t()).t() if weight_major else F.linear(x2d, weight)
-        out = out[:rows].contiguous()   # [rows, out]
+        out = _product(x2d, weight, m, weight_major)[:rows]   # [rows, out], contiguous
         if bias is not None:
             out.add_(bias)
         self.calls += 1
@@ -185,42 +193,54 @@ def plan_rows(model: torch.nn.Module, *, repeats: int = 5) -> tuple[RowChoice, .
     products of every row count timed on the model's largest linear weight, the fastest of ``repeats``
     rounds that each time every product once in a rotated order (so that a slow spell of the machine
     does not hit one row count only); then :func:`plan_from_times`. One row (every decoding step) is
-    computed as two weight-major rows where that is faster on that weight and the output layer together,
-    by the medians of :data:`ONE_ROW_ROUNDS` rounds timing both in turn (the two-row product is bimodal on
-    a VM: the median says what a decoding step typically costs). Models without a timed weight
-    (:func:`choose_linear_layout`) get :func:`default_plan`. :func:`cached_plan` measures it once."""
+    computed standard, weight-major or as two weight-major rows, whichever is fastest on that weight and
+    the output layer together, by the medians of :data:`ONE_ROW_ROUNDS` rounds timing the three in turn
+    (the two-row product is bimodal on a VM: the median says what a decoding step typically costs).
+    Models without a timed weight (:func:`choose_linear_layout`) get :func:`default_plan`.
+    :func:`cached_plan` measures it once."""
     weight, out = _timed_weights(model)
     if weight is None:
         return default_plan()
     x = torch.randn(MAX_ROWS, weight.shape[1], dtype=weight.dtype, generator=torch.Generator().manual_seed(0))
     products = [(m, major) for m in range(1, MAX_ROWS + 1) for major in (False, True)]
 
-    def run(m: int, major: bool) -> None:
-        (_weight_major_product if major else F.linear)(x[:m], weight)
-
     best = dict.fromkeys(products, float("inf"))
-    run(MAX_ROWS, True)   # allocation, thread start-up
+    _product(x, weight, MAX_ROWS, True)   # allocation, thread start-up
     for r in range(repeats):
         shift = r * len(products) // repeats
         for m, major in products[shift:] + products[:shift]:
-            t = time.perf_counter()
-            run(m, major)
-            best[m, major] = min(best[m, major], time.perf_counter() - t)
+            best[m, major] = min(best[m, major], _seconds(_product, x, weight, m, major))
     plan = plan_from_times([best[m, False] for m in range(1, MAX_ROWS + 1)],
                            [best[m, True] for m in range(1, MAX_ROWS + 1)])
-    # one row -- every decoding step -- is decided on the output layer as well, where padding gains most
-    # (2x on that VM, against 15% on the largest linear: close enough to the margin for noise to flip it)
+    # one row -- every decoding step -- is decided on the output layer as well, where the ways differ most
+    # (on that VM 62 ms standard, 31 ms weight-major, 29-75 ms as two rows), by the median of its rounds
     timed = [w for w in (weight, out) if w is not None]
     rows = [torch.randn(2, w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(1)) for w in timed]
-    one_row, two_rows = [], []
+    ways = ((1, False), (1, True), (2, True))
+    seconds: dict[RowChoice, list[float]] = {way: [] for way in ways}
     for _ in range(ONE_ROW_ROUNDS):
-        one_row.append(sum(_seconds(F.linear, y[:1], w) for w, y in zip(timed, rows)))
-        two_rows.append(sum(_seconds(_weight_major_product, y, w) for w, y in zip(timed, rows)))
-    one, two = statistics.median(one_row), statistics.median(two_rows)
-    return ((2, True) if two <= PLAN_MARGIN * one else (1, False),) + plan[1:]
+        for m, major in ways:
+            seconds[m, major].append(sum(_seconds(_product, y, w, m, major) for w, y in zip(timed, rows)))
+    median = {way: statistics.median(s) for way, s in seconds.items()}
+    fastest = min(ways, key=median.get)
+    return (fastest if median[fastest] <= PLAN_MARGIN * median[1, False] else (1, False),) + plan[1:]
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, m: int, weight_major: bool) -> torch.Tensor:
+    """``F.linear(x[:m], weight)`` ([m, out], contiguous), computed weight-major or standard."""
+    return _weight_major_product(x[:m], weight) if weight_major else F.linear(x[:m], weight)
 
 
 def _weight_major_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` ([m, out], contiguous) with the weight as the left operand. With ``T`` torch threads the
+    weight's output rows are cut into ``T`` blocks multiplied as one batch: the BLAS ran the product of a tall
+    weight by one column on one thread (the embedded target's output layer: 62 ms; as two blocks 31 ms) and by
+    two columns on one or both threads from call to call (29-75 ms)."""
+    parts = torch.get_num_threads()
+    n_out, k = weight.shape
+    if parts > 1 and n_out % parts == 0 and weight.is_contiguous():
+        blocks = torch.bmm(weight.view(parts, n_out // parts, k), x.t().unsqueeze(0).expand(parts, -1, -1))
+        return blocks.view(n_out, -1).t().contiguous()     # [parts, n_out / parts, m] -> [m, n_out]
     return torch.mm(weight, x.t()).t().contiguous()
 
 
