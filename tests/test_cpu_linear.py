@@ -122,19 +122,20 @@ def test_one_row_is_decided_on_the_output_layer_too(monkeypatch, standard_s, maj
     assert plan[0] == first and len(plan) == MAX_ROWS and all(m >= n for n, (m, _) in enumerate(plan, 1))
 
 
+@pytest.mark.parametrize("out_rows", [12, 13])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("rows", [1, 2, 5])
-def test_the_weight_major_product_in_blocks_per_thread_equals_linear(threads, rows):
+def test_the_weight_major_product_in_blocks_per_thread_equals_linear(out_rows, threads, rows):
     """The weight's output rows cut into one block per thread (where they divide evenly; else one product)."""
     gen = torch.Generator().manual_seed(threads * 10 + rows)
-    weight, x = torch.randn(12, 7, generator=gen), torch.randn(rows, 7, generator=gen)
+    weight, x = torch.randn(out_rows, 7, generator=gen), torch.randn(rows, 7, generator=gen)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         got = cpu_linear._weight_major_product(x, weight)
     finally:
         torch.set_num_threads(before)
-    assert got.shape == (rows, 12) and got.is_contiguous()
+    assert got.shape == (rows, out_rows) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
@@ -274,3 +275,28 @@ def test_cost_profiles_of_the_two_layouts_are_cached_apart():
     padded = _float32_backend("weight-major")
     padded.row_plan = ((2, True),) + padded.row_plan[1:]
     assert profile_identity(padded, None, 2, 8) != profile_identity(fast, None, 2, 8)
+
+
+def test_calibrate_times_the_row_plan_again_before_the_profile(monkeypatch, capsys):
+    """``verispec calibrate`` measures the plan per row count again (a cached plan timed in a slow spell
+    would otherwise stay), and then the profile, whose key carries the new plan."""
+    import verispec.engine
+    import verispec.models
+    from verispec.cli import main
+    from verispec.engine import CostProfile
+
+    target = _float32_backend("weight-major")
+    new_plan = ((1, True),) + default_plan()[1:]
+    refreshed, profiled_with = [], []
+    monkeypatch.setattr(verispec.models, "load_pair", lambda args: (target, None, 128))
+    monkeypatch.setattr(cpu_linear, "cached_plan", lambda model, refresh=False: refreshed.append(
+        (model, refresh)) or new_plan)
+
+    def fake_profile(backend, draft, prompt, **kw):
+        profiled_with.append(backend.row_plan)
+        return CostProfile(draft_token=None, target_block=(0.05, 0.06, 0.07)), True
+
+    monkeypatch.setattr(verispec.engine, "cached_profile", fake_profile)
+    assert main(["calibrate", "--draft", "ngram"]) == 0
+    assert refreshed == [(target.model, True)] and profiled_with == [new_plan]
+    assert "linear products per row count: 64 row counts weight-major" in capsys.readouterr().out

@@ -200,6 +200,12 @@ def cmd_calibrate(args) -> int:
     if g_max < 1:
         raise ValueError(f"--g-max must be >= 1, got {g_max}")
     target, draft, _ = load_pair(args)   # --draft ngram: no draft model, the target's costs alone (lookup)
+    for backend in (target, draft):     # transformers, weight-major: its plan per row count is timed again too
+        if getattr(backend, "row_plan", None) is not None:
+            from verispec.models.cpu_linear import cached_plan, describe_plan
+
+            backend.row_plan = cached_plan(backend.model, refresh=True)
+            print(f"{backend.name}: linear products per row count: {describe_plan(backend.row_plan)}")
     draft = _reduced_draft(args, draft)
     prompt = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
     prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True)

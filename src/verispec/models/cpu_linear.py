@@ -19,20 +19,18 @@ it: on that VM (2 threads) the output layer ``[151936, 1536]`` took 62 ms for on
 product, 32 ms for *two* rows weight-major, 243 ms for 15 rows and 152 ms for 16; whole target forwards
 followed (two tokens at 0.70-0.78 of one token's time, 16 tokens at 0.55 of 15 tokens'). Memory-bound
 products cost what streaming the weight costs, so computing a few zero rows more is free where the
-kernel for that row count is the better one.
+kernel for that row count is the better one. :func:`plan_rows` times both products for every row count
+``1 .. max_rows`` on the model's largest linear weight and plans, for each ``n``, the row count ``m >= n``
+and product that is fastest (padding the input with ``m − n`` zero rows, dropped from the output); a
+plan is used only where it beats the standard product by :data:`PLAN_MARGIN`, so timing noise does not
+reroute a call. The rows of the output are those of ``F.linear`` up to float rounding: zero rows change
+no other row of a product.
 
 **One thread per block of output rows.** The BLAS multiplied a tall weight by one column on one thread,
 and by two columns on one or both threads from call to call (the output layer: 62 ms for one row,
 29-75 ms for two). The weight-major product therefore cuts the weight's output rows into one block per
 torch thread and multiplies the blocks as one batch (``torch.bmm``, one parallel region): one row
 31 ms, ``gate_proj`` 1.8 ms against 4.2 ms (2 threads).
-
-:func:`plan_rows` times both products for every row count
-``1 .. max_rows`` on the model's largest linear weight and plans, for each ``n``, the row count ``m >= n``
-and product that is fastest (padding the input with ``m − n`` zero rows, dropped from the output); a
-plan is used only where it beats the standard product by :data:`PLAN_MARGIN`, so timing noise does not
-reroute a call. The rows of the output are those of ``F.linear`` up to float rounding: zero rows change
-no other row of a product.
 
 **Measured once per machine and model shape** (:func:`cached_plan`): a few of these products are bimodal
 on a VM (the output layer's two-row product took 29 ms in some calls and 60-75 ms in others, in streaks of
