@@ -263,6 +263,7 @@ def cached_plan(model: torch.nn.Module, *, cache_dir: str | os.PathLike | None =
     if weight is None:
         return default_plan()
     from verispec.models.embedded import default_cache_dir
+    from verispec.outputs import OutputError, atomic_path
     from verispec.runtime import cpu_model
 
     key = (f"v{PLAN_VERSION};cpu={cpu_model()};cores={os.cpu_count()};threads={torch.get_num_threads()};"
@@ -285,10 +286,9 @@ def cached_plan(model: torch.nn.Module, *, cache_dir: str | os.PathLike | None =
     plan = plan_rows(model)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "plan": [list(c) for c in plan], "described": describe_plan(plan)}))
-        os.replace(tmp, path)
-    except OSError as exc:     # a read-only cache: the plan still serves this load
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({"key": key, "plan": [list(c) for c in plan], "described": describe_plan(plan)}))
+    except (OSError, OutputError) as exc:     # a read-only cache: the plan still serves this load
         log.warning("could not cache the row plan in %s (%s)", folder, exc)
     return plan
 
