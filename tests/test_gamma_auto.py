@@ -510,6 +510,21 @@ def test_probes_back_off_where_drafting_keeps_losing_and_reset_when_it_pays():
     assert pol.next() > 0 and pol.explore_wait == 4
 
 
+def test_per_token_stop_drafts_its_first_step_and_probes_up_to_g_max():
+    """With the per-token stop the draft's confidence decides where a step ends, so the generation's first
+    step drafts (up to γ_max) even where the prior acceptance makes plain steps the step γ's choice, and so
+    does every probe; the wait between probes still doubles; where drafting cannot pay, nothing drafts."""
+    pol = AutoGamma(XEON, prior_alpha=0.3, explore_every=4, optimism=0.0, by_confidence=True)
+    assert best_gamma(XEON, 0.3) == 0 and pol.next() == pol.g_max          # the first step drafts
+    pol.update(0, 1, [0.2])                   # it stopped after one unsure token, rejected
+    drafted = [i for i in range(1, 200) if pol.next() > 0]
+    assert all(pol.chosen[i] == pol.g_max for i in drafted)                 # probes may draft long
+    assert [b - a for a, b in zip([0] + drafted, drafted)][:4] == [4, 8, 16, 32]
+    step = AutoGamma(XEON, prior_alpha=0.3, explore_every=4, optimism=0.0)
+    assert step.next() == 0                   # the step γ alone starts plain, its probes draft one token
+    assert AutoGamma(AMD, by_confidence=True).next() == 0                   # drafting cannot pay: plain
+
+
 def _replay(policy_or_gamma, prof: CostProfile, alphas: tuple[float, float], switch: float, seed: int,
             tokens: int = 1500) -> float:
     """Modelled speedup over target-only of a policy (or a fixed γ) on an acceptance process that switches

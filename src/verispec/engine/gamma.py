@@ -20,8 +20,9 @@ uncertainty, as in UCB bandits).  The i.i.d.-acceptance model behind ``E[tokens 
 of Leviathan et al. (2023, eq. 1).  ``g = 0`` -- a plain target step, no draft -- is chosen when no
 ``g >= 1`` beats it (``1 / v(0) = 1`` token per step); since such a step teaches nothing about α
 (the optimistic α does not move), after ``explore_every`` consecutive plain steps one step drafts one
-token instead, and each such probe doubles the wait before the next (up to ``MAX_EXPLORE_WAIT``; a
-chosen draft resets it), so a pair that keeps losing costs a logarithmic number of probes -- unless
+token instead (with the per-token stop below: up to ``g_max``, the stop ending it), and each such probe
+doubles the wait before the next (up to ``MAX_EXPLORE_WAIT``; a chosen draft resets it), so a pair
+that keeps losing costs a logarithmic number of probes -- unless
 drafting cannot pay even at α → 1 (``(g + 1) / cost(g, 1) <= 1.05 / cost(0)`` for every ``g``, a margin for
 timing noise, :data:`PAY_MARGIN`: the draft is too slow for its target on this machine), where every step is
 plain (and the engine never runs the draft model: :attr:`~verispec.engine.plan.DraftPlan.defers_draft`).
@@ -43,7 +44,13 @@ acceptance ``a_k = a(c_k)`` of the last drafted one: a draft's confidence comes 
 does; before the first, with the state's mean acceptance): the full look-ahead, since ``v(g)`` need not be
 convex. This scores every draft slot by its survival probability against the profiled cost of the step, as
 vLLM's adaptive verification does. The decision reads the draft alone,
-like ``--draft-stop P``.
+like ``--draft-stop P``. Since the draft's confidence decides where a step ends, a generation's first step
+drafts (where drafting can pay at all, :meth:`AutoGamma.can_pay`) and so does every probe after a run of
+plain steps, each up to ``g_max`` tokens, the per-token stop ending it: a prior acceptance of 0.7 makes
+plain steps the step γ's choice on a pair whose draft costs a third of its target, which kept the first
+eight steps of every generation plain where the pair accepts nearly every token (``benchmarks/gamma_sim.py``
+at acceptance 1 on the transformers profile of docs/performance.md: 0.90x of the best fixed γ, 1.00x
+with a drafted first step).
 
 **Prompt lookup** (:class:`LookupGamma`): lookup's drafts cost nothing to make, only to verify
 (:meth:`~verispec.engine.costs.CostProfile.verify_cost`: ``v(k)`` and the engine's work). Before a
@@ -210,9 +217,11 @@ class AutoGamma:
         if g == 0:
             self.plain_run += 1
             self.state = 0
-            if self.plain_run >= self.explore_wait and self.can_pay(unseen):
-                g, self.plain_run = 1, 0
-                self.explore_wait = min(2 * self.explore_wait, MAX_EXPLORE_WAIT)
+            first = self.by_confidence and not self.chosen
+            if (first or self.plain_run >= self.explore_wait) and self.can_pay(unseen):
+                g, self.plain_run = (self.g_max if self.by_confidence else 1), 0
+                if not first:
+                    self.explore_wait = min(2 * self.explore_wait, MAX_EXPLORE_WAIT)
         else:
             self.plain_run = 0
             self.explore_wait = self.explore_every
