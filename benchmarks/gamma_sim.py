@@ -11,8 +11,13 @@ process: the best fixed γ's tokens per unit of cost (target steps) and, for eac
 probability of it), its rate over the best fixed γ's -- the figures behind ``AutoGamma.optimism``'s
 default and ``gamma="auto"``'s default per-token stop.
 
+``--records FILE`` (written by ``benchmarks/confidence_acceptance.py --out``) replaces the processes by the
+prompt classes of a real pair, and ``all`` of them pooled: each drafted token draws its ``(c, accepted)``
+jointly from the class's recorded positions (i.i.d.), so confidence and acceptance relate as they did on
+the pair, not by calibration.
+
     .venv/bin/python benchmarks/gamma_sim.py [--profile FILE.json] [--tokens 48] [--seeds 200]
-        [--settings 'optimism=1;optimism=0.5;optimism=0;by_confidence=1'] [--spread 4]
+        [--settings 'optimism=1;optimism=0.5;optimism=0;by_confidence=1'] [--spread 4] [--records FILE]
 
 Without ``--profile``: the transformers-backend profile of the 2-core AMD EPYC VM of 2026-12-02
 (target token 254.8 ms, ``c = 0.359``, ``v(1..16)`` as in docs/performance.md).
@@ -53,20 +58,34 @@ def _confidences(process: str, rng: random.Random, spread: float):
     return confidence
 
 
+def _recorded(pairs: list[tuple[float, int]], rng: random.Random):
+    """A function drawing ``(c, accepted)`` jointly from a class's recorded positions."""
+    return lambda: rng.choice(pairs)
+
+
 def rate(profile: CostProfile, process: str, tokens: int, seed: int, fixed: int | None = None,
-         settings: dict | None = None, spread: float = 4.0) -> float:
-    """Tokens per unit of cost of one simulated generation (a fixed γ, or AutoGamma with ``settings``)."""
+         settings: dict | None = None, spread: float = 4.0, records: dict | None = None) -> float:
+    """Tokens per unit of cost of one simulated generation (a fixed γ, or AutoGamma with ``settings``);
+    ``records``: per class, recorded ``(c, accepted)`` positions, drawn for a ``process`` naming a class."""
     rng = random.Random(seed)
-    confidence = _confidences(process, rng, spread)
+    replay = records is not None and process in records
+    draw = _recorded(records[process], rng) if replay else None
+    confidence = None if replay else _confidences(process, rng, spread)
     policy = None if fixed is not None else AutoGamma(profile, **(settings or {}))
     emitted, cost = 0, 0.0
     while emitted < tokens:
         g = fixed if policy is None else policy.next()
         drafted: list[float] = []
+        outcomes: list[int] = []
         while len(drafted) < g and (policy is None or not drafted or policy.keep_drafting(drafted)):
-            drafted.append(confidence())
+            if replay:
+                c, accepted = draw()
+                drafted.append(c)
+                outcomes.append(accepted)
+            else:
+                drafted.append(confidence())
         n = 0
-        while n < len(drafted) and rng.random() < drafted[n]:
+        while n < len(drafted) and (outcomes[n] if replay else rng.random() < drafted[n]):
             n += 1
         cost += profile.step_cost(len(drafted))
         emitted += n + 1
@@ -90,19 +109,28 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", default="0.5,0.7,0.85,0.95,0.98,1.0,runs")
     ap.add_argument("--settings", default="optimism=1;optimism=0.5;optimism=0;by_confidence=1")
     ap.add_argument("--spread", type=float, default=4.0, help="concentration of the draft's confidences around α")
+    ap.add_argument("--records", help="positions recorded on a real pair (benchmarks/confidence_acceptance.py "
+                    "--out): replay each class's (c, accepted) instead of --processes")
     args = ap.parse_args(argv)
     profile = CostProfile.from_json(json.load(open(args.profile))) if args.profile else vm_profile()
+    records = None
+    if args.records:
+        records = {}
+        for label, _, c, accepted in json.load(open(args.records)):
+            records.setdefault(label, []).append((float(c), int(accepted)))
+        records["all"] = [p for label in list(records) for p in records[label]]
+        args.processes = ",".join(records)
     settings = _settings(args.settings)
     gammas = sorted({1, 2, 3, 4, 6, 8, 12, profile.g_max - 1} & set(range(1, profile.g_max + 1)))
     print(f"{args.tokens} tokens, {args.seeds} seeds; columns: auto / best fixed γ for "
           + "; ".join(",".join(f"{k}={v:g}" for k, v in s.items()) for s in settings))
     for process in args.processes.split(","):
-        fixed = {g: statistics.mean(rate(profile, process, args.tokens, s, fixed=g, spread=args.spread)
-                                    for s in range(args.seeds)) for g in gammas}
+        fixed = {g: statistics.mean(rate(profile, process, args.tokens, s, fixed=g, spread=args.spread,
+                                         records=records) for s in range(args.seeds)) for g in gammas}
         best = max(fixed, key=fixed.get)
-        autos = [statistics.mean(rate(profile, process, args.tokens, s, settings=st, spread=args.spread)
-                                 for s in range(args.seeds)) for st in settings]
-        print(f"  α {process:>5}: best γ = {best:2d} ({fixed[best]:.2f} tokens per target step)  "
+        autos = [statistics.mean(rate(profile, process, args.tokens, s, settings=st, spread=args.spread,
+                                      records=records) for s in range(args.seeds)) for st in settings]
+        print(f"  α {process:>10}: best γ = {best:2d} ({fixed[best]:.2f} tokens per target step)  "
               + "  ".join(f"{a / fixed[best]:.2f}x" for a in autos))
     return 0
 

@@ -40,10 +40,13 @@ found, so a confident draft drafts on from the first step). After ``k`` tokens w
 ``c_1..c_k``, all ``k`` survive with ``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i``
 tokens at ``cost(k)``. Drafting goes on iff some ``h`` in ``k+1 .. g_max`` has
 ``(T_k + S_k·(a_k + … + a_k^{h−k})) / cost(h) > T_k / cost(k)`` (the tokens not yet drafted count with the
-acceptance ``a_k = a(c_k)`` of the last drafted one: a draft's confidence comes in runs, as its acceptance
-does; before the first, with the state's mean acceptance): the full look-ahead, since ``v(g)`` need not be
-convex. This scores every draft slot by its survival probability against the profiled cost of the step, as
-vLLM's adaptive verification does. The decision reads the draft alone,
+acceptance ``a_k = a(c_k)`` of the last drafted one; before the first, with the state's mean acceptance):
+the full look-ahead, since ``v(g)`` need not be convex. On the embedded pair an unsure token does not
+announce unsure ones (``benchmarks/confidence_acceptance.py``), but the look-ahead prices committing to
+``h`` more tokens, not the option to stop after seeing each one's confidence, and the last confident
+token's acceptance makes up for that: the generation's mean acceptance in its place lost in replays of the
+pair's positions (docs/engine.md). This scores every draft slot by its survival probability against the
+profiled cost of the step, as vLLM's adaptive verification does. The decision reads the draft alone,
 like ``--draft-stop P``. Since the draft's confidence decides where a step ends, a generation's first step
 drafts (where drafting can pay at all, :meth:`AutoGamma.can_pay`) and so does every probe after a run of
 plain steps, each up to ``g_max`` tokens, the per-token stop ending it: a prior acceptance of 0.7 makes
