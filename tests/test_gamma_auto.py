@@ -26,7 +26,7 @@ from verispec.engine import (
     measure_profile,
 )
 from verispec.engine.costs import DEFAULT_G_MAX
-from verispec.engine.gamma import MAX_EXPLORE_WAIT, PAY_MARGIN, step_rate
+from verispec.engine.gamma import CALIBRATION_WEIGHT, MAX_EXPLORE_WAIT, PAY_MARGIN, step_rate
 from verispec.engine.ngram import NgramDrafter
 from verispec.sampling import SamplingConfig
 
@@ -337,15 +337,40 @@ def test_keep_drafting_is_the_look_ahead_argmax_of_tokens_per_cost():
 
 
 def test_a_confident_draft_drafts_on_from_the_first_step():
-    """Before any position is verified, a drafted token's acceptance is its bin's middle confidence (a draft's
-    confidence approximates its acceptance, EAGLE-2), and the tokens not yet drafted count with the last one's:
-    a confident draft drafts on in the generation's first step, an unsure token ends the chain."""
+    """Before any position is verified, a drafted token's acceptance is its confidence (a draft's confidence
+    approximates its acceptance, EAGLE-2), and the tokens not yet drafted count with the last one's: a
+    confident draft drafts on in the generation's first step, an unsure token ends the chain."""
     pol = AutoGamma(CHEAP_DRAFT, by_confidence=True)
-    assert pol.acceptance_at(0.97) == pytest.approx(0.95) and pol.acceptance_at(0.02) == pytest.approx(0.05)
+    assert pol.miscalibration == 1.0
+    assert pol.acceptance_at(0.97) == pytest.approx(0.97) and pol.acceptance_at(0.02) == pytest.approx(0.02)
+    assert pol.acceptance_at(1.0) == 1.0
     assert all(pol.keep_drafting([0.97] * k) for k in range(1, pol.g_max))
     assert not pol.keep_drafting([0.97, 0.97, 0.02])
     pol.update(0, 3, [0.97, 0.97, 0.97])       # evidence moves the bin away from its prior
     assert pol.acceptance_at(0.97) < 0.95
+
+
+def test_miscalibration_is_learned_from_every_verified_position_and_sets_every_bins_prior():
+    """``λ`` = rejections / Σ (1 − c), from 1 worth CALIBRATION_WEIGHT: a pair that accepts its draft's unsure
+    tokens (code on the embedded pair) lifts the acceptance of every unsure bin, also bins never verified,
+    so the chain drafts on past an unsure token; one that rejects more than the confidence says lowers it."""
+    lenient = AutoGamma(CHEAP_DRAFT, by_confidence=True)
+    for _ in range(10):
+        lenient.update(4, 4, [0.99, 0.6, 0.99, 0.75])    # every unsure token accepted
+    slack = 10 * (0.01 + 0.4 + 0.01 + 0.25)
+    assert lenient.miscalibration == pytest.approx(CALIBRATION_WEIGHT / (slack + CALIBRATION_WEIGHT))
+    fresh = AutoGamma(CHEAP_DRAFT, by_confidence=True)
+    assert lenient.acceptance_at(0.35) == pytest.approx(1 - lenient.miscalibration * 0.65)   # a bin never verified
+    assert lenient.acceptance_at(0.35) > 0.75 > fresh.acceptance_at(0.35) == pytest.approx(0.35)
+    assert lenient.keep_drafting([0.99, 0.35]) and not fresh.keep_drafting([0.99, 0.35])
+
+    strict = AutoGamma(CHEAP_DRAFT, by_confidence=True)
+    for _ in range(10):
+        strict.update(1, 4, [0.8, 0.8, 0.9, 0.9])        # the second token rejected every time
+    assert strict.miscalibration == pytest.approx((10 + CALIBRATION_WEIGHT) / (10 * 0.4 + CALIBRATION_WEIGHT))
+    assert strict.acceptance_at(0.55) == pytest.approx(max(0.0, 1 - strict.miscalibration * 0.45))
+    assert strict.acceptance_at(0.55) < fresh.acceptance_at(0.55)
+    assert strict.acceptance_at(0.2) == 0.0              # clipped: never a negative acceptance
 
 
 def test_confidence_stop_drafts_on_when_sure_and_stops_when_not():

@@ -34,9 +34,11 @@ makes the next draft dearer, and exploring stops where even α → 1 would not r
 model alone, :func:`~verispec.engine.config.default_draft_stop`): within a step the draft keeps drafting
 while the cost model says one more token pays, given the draft's own probabilities of the tokens it
 drafted so far. ``a(c)``, the chance that a drafted token with draft probability ``c`` is accepted
-(its predecessors accepted), is estimated per bin of ``c`` from this generation's verified positions
-(shrunk towards the bin's middle ``c``: a draft's confidence approximates its acceptance, as EAGLE-2
-found, so a confident draft drafts on from the first step). After ``k`` tokens with probabilities
+(its predecessors accepted), is estimated per bin of ``c`` from this generation's verified positions,
+shrunk towards ``1 − λ·(1 − c)``: ``λ`` is one number learned from all of them (rejections over
+``Σ (1 − c)``, from ``λ = 1``: a draft's confidence approximates its acceptance, as EAGLE-2 found, so a
+confident draft drafts on from the first step). On the embedded pair ``λ`` is 0.5 on code, where unsure
+tokens are accepted nearly always, and 1.4 on prose. After ``k`` tokens with probabilities
 ``c_1..c_k``, all ``k`` survive with ``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i``
 tokens at ``cost(k)``. Drafting goes on iff some ``h`` in ``k+1 .. g_max`` has
 ``(T_k + S_k·(a_k + … + a_k^{h−k})) / cost(h) > T_k / cost(k)`` (the tokens not yet drafted count with the
@@ -171,6 +173,9 @@ class AutoGamma:
     #: per bin of the draft's probability of its token: accepted and verified positions
     bin_accepted: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
+    #: over the verified positions with a confidence: rejections, and ``Σ (1 − c)`` (:attr:`miscalibration`)
+    confident_rejected: int = 0
+    confidence_slack: float = 0.0
     #: 1 when the last verified block was accepted whole (a run of full acceptances goes on), else 0
     state: int = 0
     #: per state (the one before the step): accepted and verified positions
@@ -255,15 +260,28 @@ class AutoGamma:
             b = _bin(c)
             self.bin_verified[b] += 1
             self.bin_accepted[b] += i < n_accepted
+            self.confident_rejected += i >= n_accepted
+            self.confidence_slack += 1.0 - c
         self.state = int(g > 0 and n_accepted >= g)
+
+    @property
+    def miscalibration(self) -> float:
+        """``λ`` of ``a(c) = 1 − λ·(1 − c)``: the verified positions' rejections over ``Σ (1 − c)``, shrunk
+        towards 1 (a calibrated draft) worth :data:`CALIBRATION_WEIGHT` of ``Σ (1 − c)``. Below 1 where the
+        pair accepts unsure tokens more often than the draft's confidence says (code: 0.5 on the embedded
+        pair), above 1 where less (prose: 1.4)."""
+        return (self.confident_rejected + CALIBRATION_WEIGHT) / (self.confidence_slack + CALIBRATION_WEIGHT)
 
     def acceptance_at(self, confidence: float) -> float:
         """Estimated acceptance of a drafted token the draft gave probability ``confidence``: that of the
-        verified positions in its bin of confidence, shrunk towards the bin's middle confidence (a draft's
-        confidence approximates its acceptance: EAGLE-2, Li et al. 2024, §3), so that a confident draft
-        drafts on from the first step, before any position of its bin is verified."""
+        verified positions in its bin of confidence, shrunk towards ``1 − λ·(1 − confidence)``
+        (:attr:`miscalibration`; before any position is verified ``λ = 1``: a draft's confidence approximates
+        its acceptance, EAGLE-2, Li et al. 2024, §3), so that a confident draft drafts on from the first
+        step, and the one parameter ``λ``, learned from every verified position, sets every bin's prior
+        while the bins themselves have seen few positions."""
         b = _bin(confidence)
-        return _shrunk(self.bin_accepted[b], self.bin_verified[b], (b + 0.5) / CONFIDENCE_BINS, self.prior_weight)
+        prior = min(1.0, max(0.0, 1.0 - self.miscalibration * (1.0 - confidence)))
+        return _shrunk(self.bin_accepted[b], self.bin_verified[b], prior, self.prior_weight)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Whether to draft one more token after drafting tokens of these draft probabilities (see the
@@ -379,6 +397,12 @@ def _checked_cap(profile: CostProfile, g_max: int | None, prior_alpha: float) ->
 
 #: bins of the draft's probability of its token, for the per-token stop rule
 CONFIDENCE_BINS = 10
+#: how much ``Σ (1 − c)`` the prior ``λ = 1`` of :attr:`AutoGamma.miscalibration` is worth. Replays of the
+#: embedded pair's positions (``benchmarks/gamma_sim.py --records``, transformers profile, 32 / 48 / 96
+#: tokens), over the best fixed γ: with the bins' middle confidences as their priors code 0.94 / 0.96 /
+#: 0.98x and the repetitive list 0.98 / 0.99 / 0.99x; with ``λ`` at weight 3, 0.96 / 0.97 / 1.00x and
+#: 1.00x; arithmetic, prose and the four pooled within 0.8% of before; weights 1 and 10 within 1% of 3
+CALIBRATION_WEIGHT = 3.0
 
 
 def _bin(confidence: float) -> int:
