@@ -400,7 +400,7 @@ CONFIDENCE_BINS = 10
 #: how much ``Σ (1 − c)`` the prior ``λ = 1`` of :attr:`AutoGamma.miscalibration` is worth. Replays of the
 #: embedded pair's positions (``benchmarks/gamma_sim.py --records``, transformers profile, 32 / 48 / 96
 #: tokens), over the best fixed γ: with the bins' middle confidences as their priors code 0.94 / 0.96 /
-#: 0.98x and the repetitive list 0.98 / 0.99 / 0.99x; with ``λ`` at weight 3, 0.96 / 0.97 / 1.00x and
+#: 0.98x and the repetitive list 0.98 / 0.99 / 0.99x; with ``λ`` at weight 3, 0.96 / 0.97 / 0.99x and
 #: 1.00x; arithmetic, prose and the four pooled within 0.8% of before; weights 1 and 10 within 1% of 3
 CALIBRATION_WEIGHT = 3.0
 
