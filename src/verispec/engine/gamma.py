@@ -43,19 +43,19 @@ tokens are accepted nearly always, and 1.4 on prose. After ``k`` tokens with pro
 tokens at ``cost(k)``. Drafting goes on iff some ``h`` in ``k+1 .. g_max`` has
 ``(T_k + S_k·(a_k + … + a_k^{h−k})) / cost(h) > T_k / cost(k)`` (the tokens not yet drafted count with the
 acceptance ``a_k = a(c_k)`` of the last drafted one; before the first, with the state's mean acceptance):
-the full look-ahead, since ``v(g)`` need not be convex. On the embedded pair an unsure token does not
-announce unsure ones (``benchmarks/confidence_acceptance.py``), but the look-ahead prices committing to
-``h`` more tokens, not the option to stop after seeing each one's confidence, and the last confident
-token's acceptance makes up for that: the generation's mean acceptance in its place lost in replays of the
-pair's positions (docs/engine.md). This scores every draft slot by its survival probability against the
-profiled cost of the step, as vLLM's adaptive verification does. The decision reads the draft alone,
-like ``--draft-stop P``. Since the draft's confidence decides where a step ends, a generation's first step
-drafts (where drafting can pay at all, :meth:`AutoGamma.can_pay`) and so does every probe after a run of
-plain steps, each up to ``g_max`` tokens, the per-token stop ending it: a prior acceptance of 0.7 makes
-plain steps the step γ's choice on a pair whose draft costs a third of its target, which kept the first
-eight steps of every generation plain where the pair accepts nearly every token (``benchmarks/gamma_sim.py``
-at acceptance 1 on the transformers profile of docs/performance.md: 0.90x of the best fixed γ, 1.00x
-with a drafted first step).
+the full look-ahead, since ``v(g)`` need not be convex. On the embedded pair an unsure token does not announce
+unsure ones (``benchmarks/confidence_acceptance.py``), but the look-ahead prices committing to ``h`` more
+tokens, not the option to stop after seeing each one's confidence, and the last confident token's acceptance
+makes up for that: the generation's mean acceptance in its place lost in replays of the pair's positions
+(docs/engine.md; measured before the drafted first step below). This scores every draft slot by its survival
+probability against the profiled cost of the step, as vLLM's adaptive verification does. The decision reads
+the draft alone, like ``--draft-stop P``. Since the draft's confidence decides where a step ends, a
+generation's first step drafts (where drafting can pay at all, :meth:`AutoGamma.can_pay`) and so does every
+probe after a run of plain steps, each up to ``g_max`` tokens, the per-token stop ending it: a prior
+acceptance of 0.7 makes plain steps the step γ's choice on a pair whose draft costs a third of its target,
+which kept the first eight steps of every generation plain where the pair accepts nearly every token
+(``benchmarks/gamma_sim.py`` at acceptance 1 on the transformers profile of docs/performance.md: 0.90x of the
+best fixed γ, 1.00x with a drafted first step).
 
 **Prompt lookup** (:class:`LookupGamma`): lookup's drafts cost nothing to make, only to verify
 (:meth:`~verispec.engine.costs.CostProfile.verify_cost`: ``v(k)`` and the engine's work). Before a
@@ -174,8 +174,8 @@ class AutoGamma:
     bin_accepted: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     #: over the verified positions with a confidence: rejections, and ``Σ (1 − c)`` (:attr:`miscalibration`)
-    confident_rejected: int = 0
-    confidence_slack: float = 0.0
+    calibration_rejected: int = 0
+    calibration_slack: float = 0.0
     #: 1 when the last verified block was accepted whole (a run of full acceptances goes on), else 0
     state: int = 0
     #: per state (the one before the step): accepted and verified positions
@@ -260,8 +260,8 @@ class AutoGamma:
             b = _bin(c)
             self.bin_verified[b] += 1
             self.bin_accepted[b] += i < n_accepted
-            self.confident_rejected += i >= n_accepted
-            self.confidence_slack += 1.0 - c
+            self.calibration_rejected += i >= n_accepted
+            self.calibration_slack += 1.0 - c
         self.state = int(g > 0 and n_accepted >= g)
 
     @property
@@ -270,7 +270,7 @@ class AutoGamma:
         towards 1 (a calibrated draft) worth :data:`CALIBRATION_WEIGHT` of ``Σ (1 − c)``. Below 1 where the
         pair accepts unsure tokens more often than the draft's confidence says (code: 0.5 on the embedded
         pair), above 1 where less (prose: 1.4)."""
-        return (self.confident_rejected + CALIBRATION_WEIGHT) / (self.confidence_slack + CALIBRATION_WEIGHT)
+        return (self.calibration_rejected + CALIBRATION_WEIGHT) / (self.calibration_slack + CALIBRATION_WEIGHT)
 
     def acceptance_at(self, confidence: float) -> float:
         """Estimated acceptance of a drafted token the draft gave probability ``confidence``: that of the
