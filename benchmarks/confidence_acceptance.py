@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto_gamma import PROMPTS, _pair  # noqa: E402
 
 from verispec.engine import cached_profile, generate  # noqa: E402
-from verispec.engine.gamma import CONFIDENCE_BINS, AutoGamma  # noqa: E402
+from verispec.engine.gamma import CONFIDENCE_BINS, AutoGamma, _bin  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def summary(records: list) -> list[str]:
         return ["  no verified positions"]
     lines = [f"  {len(records)} verified positions, acceptance {sum(r[3] for r in records) / len(records):.3f}"]
     for b in range(CONFIDENCE_BINS):
-        in_bin = [r for r in records if min(CONFIDENCE_BINS - 1, int(r[2] * CONFIDENCE_BINS)) == b]
+        in_bin = [r for r in records if _bin(r[2]) == b]
         if in_bin:
             lines.append(f"  c in [{b / CONFIDENCE_BINS:.1f}, {(b + 1) / CONFIDENCE_BINS:.1f}): {len(in_bin):4d} "
                          f"positions, acceptance {sum(r[3] for r in in_bin) / len(in_bin):.3f}, "

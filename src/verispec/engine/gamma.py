@@ -173,8 +173,7 @@ class AutoGamma:
     #: per bin of the draft's probability of its token: accepted and verified positions
     bin_accepted: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
     bin_verified: list[int] = field(default_factory=lambda: [0] * CONFIDENCE_BINS)
-    #: over the verified positions with a confidence: rejections, and ``Σ (1 − c)`` (:attr:`miscalibration`)
-    calibration_rejected: int = 0
+    #: ``Σ (1 − c)`` over the verified positions with a confidence (:attr:`miscalibration`)
     calibration_slack: float = 0.0
     #: 1 when the last verified block was accepted whole (a run of full acceptances goes on), else 0
     state: int = 0
@@ -260,7 +259,6 @@ class AutoGamma:
             b = _bin(c)
             self.bin_verified[b] += 1
             self.bin_accepted[b] += i < n_accepted
-            self.calibration_rejected += i >= n_accepted
             self.calibration_slack += 1.0 - c
         self.state = int(g > 0 and n_accepted >= g)
 
@@ -270,7 +268,8 @@ class AutoGamma:
         towards 1 (a calibrated draft) worth :data:`CALIBRATION_WEIGHT` of ``Σ (1 − c)``. Below 1 where the
         pair accepts unsure tokens more often than the draft's confidence says (code: 0.5 on the embedded
         pair), above 1 where less (prose: 1.4)."""
-        return (self.calibration_rejected + CALIBRATION_WEIGHT) / (self.calibration_slack + CALIBRATION_WEIGHT)
+        rejected = sum(self.bin_verified) - sum(self.bin_accepted)
+        return (rejected + CALIBRATION_WEIGHT) / (self.calibration_slack + CALIBRATION_WEIGHT)
 
     def acceptance_at(self, confidence: float) -> float:
         """Estimated acceptance of a drafted token the draft gave probability ``confidence``: that of the
