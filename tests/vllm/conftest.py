@@ -51,30 +51,15 @@ class TinyModels:
     tokenizer: object
 
 
-def _tiny_qwen2(seed: int, layers: int, head_std: float):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=99, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
-                      initializer_range=0.02, eos_token_id=2, bos_token_id=0, pad_token_id=0,
-                      tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).float().eval()
-    with torch.no_grad():      # logits of std ~1.5: distributions neither flat nor one-hot
-        model.lm_head.weight.normal_(0.0, head_std)
-    return model
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> TinyModels:
     from tests.helpers.tiny_hf import tiny_char_tokenizer
+    from tests.vllm.laws import tiny_target_and_draft
 
     tok = tiny_char_tokenizer()
     root = tmp_path_factory.mktemp("vllm_models")
     models = {}
-    for name, seed, layers in (("target", 11, 2), ("draft", 12, 1)):
-        model = _tiny_qwen2(seed, layers, head_std=0.2)
+    for name, model in zip(("target", "draft"), tiny_target_and_draft()):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
         models[name] = model

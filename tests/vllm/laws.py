@@ -14,6 +14,26 @@ import torch
 from tests.helpers.rule_cases import gof_pvalue
 
 
+def _tiny_qwen2(seed: int, layers: int, head_std: float):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=99, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                      initializer_range=0.02, eos_token_id=2, bos_token_id=0, pad_token_id=0,
+                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():      # logits of std ~1.5: distributions neither flat nor one-hot
+        model.lm_head.weight.normal_(0.0, head_std)
+    return model
+
+
+def tiny_target_and_draft():
+    """The vLLM tests' two tiny random Qwen2 models over the 99-token character vocabulary: target (2 layers),
+    draft (1 layer). Deterministic, so tests without vLLM can rebuild the laws the vLLM tests check."""
+    return _tiny_qwen2(11, 2, head_std=0.2), _tiny_qwen2(12, 1, head_std=0.2)
+
+
 @torch.no_grad()
 def next_probs(model, contexts: list[list[int]], temperature: float) -> torch.Tensor:
     """``softmax(logits / T)`` after each context ``[k, V]`` (float64)."""

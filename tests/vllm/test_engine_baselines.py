@@ -2,7 +2,7 @@
 
 ``N`` identical one-token requests; the token must follow ``rule.reference(p1)``, ``p1`` being the target's
 processed distribution after the prompt (computed in transformers). Chi-square at level ALPHA; the power check:
-the truncated samples reject the untruncated ``p1``.
+the truncated samples reject the untruncated ``p1``, in every one of 500 simulated batches (tests/test_vllm_power.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ BASELINES = [("speccascade:p_base=0.3", "temperature=1"), ("typical:eps=0.2", "t
              ("speccascade:p_base=0.2", "temperature=0.8,top_k=20")]
 
 
-def _p1(tiny_models, temperature: float, top_k: int = 0) -> torch.Tensor:
-    p = next_probs(tiny_models.target, [PROMPT], temperature)[0]
+def baseline_p1(target, sampling: str) -> torch.Tensor:
+    """The target's processed distribution after PROMPT under ``sampling`` ("temperature=T[,top_k=K]") ``[V]``."""
+    temperature = float(sampling.split(",")[0].split("=")[1])
+    top_k = int(sampling.split("top_k=")[1]) if "top_k" in sampling else 0
+    p = next_probs(target, [PROMPT], temperature)[0]
     return sets.restrict(p, sets.top_k_mask(p, top_k)) if top_k else p
 
 
@@ -44,16 +47,14 @@ def baseline_batch(target_engine):
 @pytest.mark.parametrize("k", range(len(BASELINES)))
 def test_baseline_requests_sample_the_rules_reference(baseline_batch, tiny_models, k):
     spec, sampling = BASELINES[k]
-    temperature = float(sampling.split(",")[0].split("=")[1])
-    top_k = int(sampling.split("top_k=")[1]) if "top_k" in sampling else 0
-    p1 = _p1(tiny_models, temperature, top_k)
+    p1 = baseline_p1(tiny_models.target, sampling)
     reference = R.get(spec).reference(p1)
     assert gof_pvalue(baseline_batch[k], reference.numpy()) > ALPHA
     assert gof_pvalue(baseline_batch[k], p1.numpy()) < 1e-6        # power: the truncation is visible
 
 
 def test_target_only_requests_sample_the_target(baseline_batch, tiny_models):
-    assert gof_pvalue(baseline_batch[-1], _p1(tiny_models, 1.0).numpy()) > ALPHA
+    assert gof_pvalue(baseline_batch[-1], baseline_p1(tiny_models.target, "temperature=1").numpy()) > ALPHA
 
 
 def test_a_baseline_request_with_vllms_own_top_p_is_refused_at_admission(target_engine):

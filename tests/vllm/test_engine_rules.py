@@ -4,7 +4,8 @@ Law tests: ``N`` identical requests per rule in ONE batch, a different rule per 
 pair ``(t1, t2)`` must follow ``p1(t1) · law(t2 | t1)`` where ``law`` is verispec's closed form for the rule
 (``rule.induced`` on probabilistic drafts, the deterministic-candidate law on greedy drafts), computed
 independently in transformers. Chi-square at level ALPHA (pooled cells, tests.helpers.rule_cases); the power
-check: every lossy rule's samples reject the target's law (p < 1e-6), so the lossless test could fail.
+check: every lossy rule's samples reject the target's law (p < 1e-6), so the lossless test could fail. The power
+check holds on every one of 500 batches simulated from the rule's law (tests/test_vllm_power.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from verispec.rules.tree_law import tree_node_law
 
 PROMPT = [40, 41, 42, 43, 44, 45]
 N = 2000
-PROBABILISTIC_RULES = ["lossless", "lenience:ell=0.3", "speccascade:p_base=0.3", "cos_we:lam=0.3",
+# speccascade at p_base=0.1: at 0.3 its law is too close to the target's for N (2.9% of batches missed the power
+# check); tests/test_vllm_power.py replays every power check of this directory on simulated batches.
+PROBABILISTIC_RULES = ["lossless", "lenience:ell=0.3", "speccascade:p_base=0.1", "cos_we:lam=0.3",
                        "mentored:D=0.3"]
 POINT_MASS_RULES = ["lossless", "lenience:ell=0.1", "speccascade:p_base=0.3"]
 
