@@ -681,12 +681,22 @@ def test_forward_costs_are_the_fastest_of_their_rounds():
 
 def test_the_draft_never_runs_where_no_draft_length_can_pay():
     """With a profile where drafting cannot pay even at α → 1 every step is plain: the draft model's
-    prefill is deferred, so it is never called; where drafting may pay it is prefilled as before."""
+    prefill is deferred, so it is never called, and the target runs exactly as target-only sampling does
+    (the whole prompt in one forward, then one forward per token: the same forwards, the same tokens);
+    where drafting may pay the target feeds the prompt but its last token, and the draft is prefilled."""
     for prof, calls in ((AMD, 0), (XEON, None)):
-        target, draft = FakeLM(vocab=4, seed=1), _FeedLog(vocab=4, seed=2)
+        target, draft = _FeedLog(vocab=4, seed=1), _FeedLog(vocab=4, seed=2)
         out = generate(target, draft, [0, 1, 2], rule="lossless", sampling=T1, gamma="auto", max_new_tokens=20,
-                       costs=prof)
+                       costs=prof, seed=5)
         if calls == 0:
             assert draft.feeds == [] and out.stats.draft_calls == 0 and out.stats.gamma_hist == [20]
+            alone = _FeedLog(vocab=4, seed=1)
+            reference = generate_target_only(alone, [0, 1, 2], sampling=T1, max_new_tokens=20, seed=5)
+            assert target.feeds == alone.feeds == [3] + [1] * 19
+            assert out.tokens == reference.tokens and out.stats.target_calls == reference.stats.target_calls == 20
         else:
-            assert draft.feeds[0] == 2       # the prompt but its last token, before the first step
+            assert draft.feeds[0] == 2 and target.feeds[0] == 2     # the prompt but its last token
+    # the plain-only prefill is a property of the policy: no step drafts, whatever the acceptance seen
+    policy = AutoGamma(AMD, by_confidence=True)
+    policy.update(5, 5, [0.99] * 5)
+    assert not policy.pays_at_all and [policy.next(1) for _ in range(300)] == [0] * 300

@@ -182,12 +182,16 @@ class AutoGamma:
     state_verified: list[int] = field(default_factory=lambda: [0, 0])
     #: plain steps before the next one-token probe (doubles after each probe that changes nothing)
     explore_wait: int = field(init=False)
+    pays_at_all: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if self.prior_weight < 0 or self.explore_every < 1 or self.optimism < 0:
             raise ValueError("prior_weight and optimism must be >= 0 and explore_every >= 1")
         self.g_max = _checked_cap(self.profile, self.g_max, self.prior_alpha)
         self.explore_wait = self.explore_every
+        #: some draft length can pay at all (:meth:`can_pay` with one unseen token, the least a step feeds);
+        #: where none can, every step is plain
+        self.pays_at_all = self.can_pay(1)
 
     @property
     def alpha(self) -> float:
@@ -218,6 +222,9 @@ class AutoGamma:
         if self.fixed is not None:
             self.chosen.append(self.fixed)
             return self.fixed
+        if not self.pays_at_all:
+            self.chosen.append(0)
+            return 0
         g = best_length(self.profile, self.acceptance(), self.g_max, unseen)
         if self.by_confidence and g > 0:
             g = self.g_max

@@ -147,8 +147,15 @@ def generate(
                            generator=run.gen, stats=stats, stop_below=cfg.draft_stop,
                            keep_drafting=plan.keep_drafting, keep_raw=cfg.keep_raw)
     target.reset()
+    # Where no draft can pay, every step is plain: the prefill then feeds the whole prompt and gives the first
+    # token's distribution, as target-only sampling does (no forward of the prompt's last token on its own).
+    plain_only = plan.defers_draft and lookup is None and head is None
+    ready = None        # the target's logits at the root, when its forward has already run
     with stats.timing("prefill_s"):
-        if len(run.ids) > 1:
+        if plain_only:
+            ready = target.forward(run.ids, all_logits=False)
+            stats.target_calls += 1
+        elif len(run.ids) > 1:
             target.forward(run.ids[:-1], all_logits=False)
         sources.prefill(run.ids, defer_draft=plan.defers_draft)
 
@@ -162,7 +169,8 @@ def generate(
         stats.record_gamma(drafted)
         plan.count(proposal, drafted, unseen)
         if proposal is None:        # the next token comes from the target alone (bonus semantics)
-            tok = _plain_step(target, sources.root, sampling, width, run)
+            tok = _plain_step(target, sources.root, sampling, width, run, ready)
+            ready = None
             if out.extend([tok]):
                 break
             sources.after_plain(tok)
@@ -189,11 +197,16 @@ def generate(
     return result
 
 
-def _plain_step(target: Backend, root: int, sampling: SamplingConfig, width: int, run: Decoding) -> int:
-    """One target forward over the root and a token sampled from it."""
-    with run.stats.timing("verify_s"):
-        logits = target.forward([root], all_logits=False)
-    run.stats.target_calls += 1
+def _plain_step(target: Backend, root: int, sampling: SamplingConfig, width: int, run: Decoding,
+                ready: torch.Tensor | None = None) -> int:
+    """One target forward over the root and a token sampled from it; ``ready``: the target's logits at the
+    root ``[1, V]`` where the prefill already computed them (no forward then)."""
+    if ready is not None:
+        logits = ready
+    else:
+        with run.stats.timing("verify_s"):
+            logits = target.forward([root], all_logits=False)
+        run.stats.target_calls += 1
     with run.stats.timing("rule_s"):
         return run.sample(sampling.process(logits[:, :width]))
 

@@ -36,7 +36,7 @@ class DraftPlan:
     def defers_draft(self) -> bool:
         """Whether the draft model's prefill should wait for its first draft: the cost model finds that no
         draft length can pay even at acceptance 1, so every step is plain (the draft never runs)."""
-        return self.policy is not None and self.policy.fixed is None and not self.policy.can_pay(1)
+        return self.policy is not None and self.policy.fixed is None and not self.policy.pays_at_all
 
     @property
     def keep_drafting(self) -> Callable[[list[float]], bool] | None:
