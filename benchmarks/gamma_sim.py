@@ -14,10 +14,11 @@ default and ``gamma="auto"``'s default per-token stop.
 ``--records FILE`` (written by ``benchmarks/confidence_acceptance.py --out``) replaces the processes by the
 prompt classes of a real pair, and ``all`` of them pooled: each drafted token draws its ``(c, accepted)``
 jointly from the class's recorded positions (i.i.d.), so confidence and acceptance relate as they did on
-the pair, not by calibration.
+the pair, not by calibration; with ``--sequential`` they are read in their recorded order from a random start,
+so that what follows an unsure token is what followed it on the pair (acceptance comes in runs).
 
     .venv/bin/python benchmarks/gamma_sim.py [--profile FILE.json] [--tokens 48] [--seeds 200]
-        [--settings 'optimism=1;optimism=0.5;optimism=0;by_confidence=1'] [--spread 4] [--records FILE]
+        [--settings 'optimism=1;optimism=0.5;optimism=0;by_confidence=1'] [--spread 4] [--records FILE [--sequential]]
 
 Without ``--profile``: the transformers-backend profile of the 2-core AMD EPYC VM of 2026-12-02
 (target token 254.8 ms, ``c = 0.359``, ``v(1..16)`` as in docs/performance.md).
@@ -58,18 +59,34 @@ def _confidences(process: str, rng: random.Random, spread: float):
     return confidence
 
 
-def _recorded(pairs: list[tuple[float, int]], rng: random.Random):
-    """A function drawing ``(c, accepted)`` jointly from a class's recorded positions."""
-    return lambda: rng.choice(pairs)
+class _Recorded:
+    """A class's recorded positions as a source of ``(c, accepted)`` for the tokens a step drafts: drawn
+    i.i.d., or with ``sequential`` read in their recorded order from a random start, so that what follows an
+    unsure token is what followed it on the pair (a step that accepted ``n`` tokens moves ``n + 1`` positions
+    on: the accepted ones and the one the target emitted in place of a rejected or undrafted token)."""
+
+    def __init__(self, pairs: list[tuple[float, int]], rng: random.Random, sequential: bool) -> None:
+        self.pairs, self.rng, self.sequential = pairs, rng, sequential
+        self.start = rng.randrange(len(pairs))
+
+    def at(self, j: int) -> tuple[float, int]:
+        """The step's ``j``-th drafted token."""
+        if not self.sequential:
+            return self.rng.choice(self.pairs)
+        return self.pairs[(self.start + j) % len(self.pairs)]
+
+    def advance(self, n_accepted: int) -> None:
+        self.start = (self.start + n_accepted + 1) % len(self.pairs)
 
 
 def rate(profile: CostProfile, process: str, tokens: int, seed: int, fixed: int | None = None,
-         settings: dict | None = None, spread: float = 4.0, records: dict | None = None) -> float:
+         settings: dict | None = None, spread: float = 4.0, records: dict | None = None,
+         sequential: bool = False) -> float:
     """Tokens per unit of cost of one simulated generation (a fixed γ, or AutoGamma with ``settings``);
-    ``records``: per class, recorded ``(c, accepted)`` positions, drawn for a ``process`` naming a class."""
+    ``records``: per class, recorded ``(c, accepted)`` positions, replayed for a ``process`` naming a class
+    (``sequential``: in their order, :class:`_Recorded`)."""
     rng = random.Random(seed)
-    replay = records is not None and process in records
-    draw = _recorded(records[process], rng) if replay else None
+    replay = _Recorded(records[process], rng, sequential) if records is not None and process in records else None
     confidence = None if replay else _confidences(process, rng, spread)
     policy = None if fixed is not None else AutoGamma(profile, **(settings or {}))
     emitted, cost = 0, 0.0
@@ -79,7 +96,7 @@ def rate(profile: CostProfile, process: str, tokens: int, seed: int, fixed: int 
         outcomes: list[int] = []
         while len(drafted) < g and (policy is None or not drafted or policy.keep_drafting(drafted)):
             if replay:
-                c, accepted = draw()
+                c, accepted = replay.at(len(drafted))
                 drafted.append(c)
                 outcomes.append(accepted)
             else:
@@ -89,6 +106,8 @@ def rate(profile: CostProfile, process: str, tokens: int, seed: int, fixed: int 
             n += 1
         cost += profile.step_cost(len(drafted))
         emitted += n + 1
+        if replay:
+            replay.advance(n)
         if policy is not None:
             policy.update(n, len(drafted), drafted)
     return emitted / cost
@@ -111,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spread", type=float, default=4.0, help="concentration of the draft's confidences around α")
     ap.add_argument("--records", help="positions recorded on a real pair (benchmarks/confidence_acceptance.py "
                     "--out): replay each class's (c, accepted) instead of --processes")
+    ap.add_argument("--sequential", action="store_true", help="with --records: replay the positions in their "
+                    "recorded order (what follows an unsure token as on the pair), not i.i.d.")
     args = ap.parse_args(argv)
     profile = CostProfile.from_json(json.load(open(args.profile))) if args.profile else vm_profile()
     records = None
@@ -126,10 +147,12 @@ def main(argv=None) -> int:
           + "; ".join(",".join(f"{k}={v:g}" for k, v in s.items()) for s in settings))
     for process in args.processes.split(","):
         fixed = {g: statistics.mean(rate(profile, process, args.tokens, s, fixed=g, spread=args.spread,
-                                         records=records) for s in range(args.seeds)) for g in gammas}
+                                         records=records, sequential=args.sequential) for s in range(args.seeds))
+                 for g in gammas}
         best = max(fixed, key=fixed.get)
         autos = [statistics.mean(rate(profile, process, args.tokens, s, settings=st, spread=args.spread,
-                                      records=records) for s in range(args.seeds)) for st in settings]
+                                      records=records, sequential=args.sequential) for s in range(args.seeds))
+                 for st in settings]
         print(f"  α {process:>10}: best γ = {best:2d} ({fixed[best]:.2f} tokens per target step)  "
               + "  ".join(f"{a / fixed[best]:.2f}x" for a in autos))
     return 0

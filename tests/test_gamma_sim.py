@@ -40,3 +40,15 @@ def test_records_file_replaces_the_processes(tmp_path, capsys):
     assert gamma_sim.main(["--records", str(f), "--seeds", "2", "--tokens", "16", "--settings", "by_confidence=1"]) == 0
     out = capsys.readouterr().out
     assert "code:" in out.replace(" ", "") and "prose:" in out.replace(" ", "") and "all:" in out.replace(" ", "")
+
+
+def test_sequential_replay_reads_the_positions_in_their_recorded_order():
+    # one rejection after every three accepted positions: read in order, γ = 3 accepts all three each step
+    # (4 tokens a step), γ = 4 accepts three and meets the rejection (4 tokens a step, dearer); i.i.d. draws
+    # of the same positions accept a whole block of 3 only (3/4)^3 of the time
+    cycle = {"c": [(0.9, 1), (0.9, 1), (0.9, 1), (0.2, 0)]}
+    seq = gamma_sim.rate(PROF, "c", 400, 0, fixed=3, records=cycle, sequential=True)
+    assert seq == pytest.approx(4 / PROF.step_cost(3), rel=0.01)
+    assert gamma_sim.rate(PROF, "c", 400, 0, fixed=4, records=cycle, sequential=True) == pytest.approx(
+        4 / PROF.step_cost(4), rel=0.01)
+    assert gamma_sim.rate(PROF, "c", 400, 0, fixed=3, records=cycle) < 0.8 * seq
