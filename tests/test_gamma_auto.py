@@ -305,13 +305,16 @@ def test_step_cost_counts_the_drafts_catch_up_and_the_rows():
 
 
 # ------------------------------------------------------------------------------ per-token stop (draft_stop="auto")
-def _rate_after(pol: AutoGamma, confidences: list[float], h: int) -> float:
+def _rate_after(pol: AutoGamma, confidences: list[float], h: int, ahead: float | None = None) -> float:
     """Brute force: expected tokens per cost if the step drafts up to ``h`` tokens, the ones beyond the
-    drafted ``confidences`` counted with the acceptance of the last drafted one's confidence (before the first:
-    the policy's mean acceptance in its state); the draft's catch-up reads the chance that all ``h`` survive."""
+    drafted ``confidences`` counted with ``ahead`` (default: the generation's accepted / verified positions
+    with the last drafted token's acceptance worth ``prior_weight`` positions; before the first token: the
+    policy's mean acceptance in its state); the draft's catch-up reads the chance that all ``h`` survive."""
     drafted = [pol.acceptance_at(c) for c in confidences]
-    ahead = [drafted[-1]] * pol.g_max if drafted else pol.acceptance(optimistic=False)
-    acc = drafted + ahead[len(confidences):h]
+    if ahead is None:
+        ahead = (pol.accepted + drafted[-1] * pol.prior_weight) / (pol.verified + pol.prior_weight) if drafted \
+            else pol.acceptance(optimistic=False)[0]
+    acc = drafted + [ahead] * (h - len(confidences))
     tokens, survive = 1.0, 1.0
     for a in acc[:h]:
         survive *= a
@@ -348,6 +351,29 @@ def test_a_confident_draft_drafts_on_from_the_first_step():
     assert not pol.keep_drafting([0.97, 0.97, 0.02])
     pol.update(0, 3, [0.97, 0.97, 0.97])       # evidence moves the bin away from its prior
     assert pol.acceptance_at(0.97) < 0.95
+
+
+def test_the_tokens_not_yet_drafted_count_with_the_generations_acceptance_not_the_last_tokens():
+    """An unsure token does not announce unsure ones: where the generation accepts nearly everything (the
+    arithmetic prompt on the transformers backend: three blocks of 12 accepted whole, then a step's first token
+    drafted at confidence 0.55, which was accepted) the chain drafts on, where counting the tokens ahead with
+    that token's own acceptance ended it (5 target calls for 48 tokens instead of 4); where the generation
+    rejects often, the same token ends it."""
+    t = 0.2585        # the transformers backend's profile on the 2-core VM (docs/performance.md, fourth round)
+    v = (1.0, 1.85, 2.34, 2.34, 2.72, 3.22, 3.53, 3.16, 3.51, 3.37, 3.43, 3.46, 3.32, 3.42, 3.48, 3.36, 4.10)
+    prof = CostProfile(draft_token=0.348 * t, target_block=tuple(x * t for x in v))
+    accepting = AutoGamma(prof, by_confidence=True)
+    for _ in range(3):
+        accepting.update(12, 12, [1.0] * 11 + [0.7])
+    own = accepting.acceptance_at(0.55)
+    assert accepting.ahead_acceptance(own) == pytest.approx((36 + 4 * own) / 40)
+    unsure_ahead = max(_rate_after(accepting, [0.55], h, ahead=own) for h in range(2, accepting.g_max + 1))
+    assert unsure_ahead <= _rate_after(accepting, [0.55], 1)          # the tokens ahead at 0.55's own: stop
+    assert accepting.keep_drafting([0.55])
+    rejecting = AutoGamma(prof, by_confidence=True)
+    for _ in range(3):
+        rejecting.update(0, 12, [0.5] + [1.0] * 11)
+    assert not rejecting.keep_drafting([0.55]) and not rejecting.keep_drafting([1.0, 0.55])
 
 
 def test_miscalibration_is_learned_from_every_verified_position_and_sets_every_bins_prior():

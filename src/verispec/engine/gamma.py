@@ -41,14 +41,16 @@ confident draft drafts on from the first step). On the embedded pair ``λ`` is 0
 tokens are accepted nearly always, and 1.4 on prose. After ``k`` tokens with probabilities
 ``c_1..c_k``, all ``k`` survive with ``S_k = Π a(c_i)``; stopping there yields ``T_k = 1 + Σ_{i<=k} S_i``
 tokens at ``cost(k)``. Drafting goes on iff some ``h`` in ``k+1 .. g_max`` has
-``(T_k + S_k·(a_k + … + a_k^{h−k})) / cost(h) > T_k / cost(k)`` (the tokens not yet drafted count with the
-acceptance ``a_k = a(c_k)`` of the last drafted one; before the first, with the state's mean acceptance):
-the full look-ahead, since ``v(g)`` need not be convex. On the embedded pair an unsure token does not announce
-unsure ones (``benchmarks/confidence_acceptance.py``), but the look-ahead prices committing to ``h`` more
-tokens, not the option to stop after seeing each one's confidence, and the last confident token's acceptance
-makes up for that: the generation's mean acceptance in its place lost in replays of the pair's positions
-(docs/engine.md; measured before the drafted first step below). This scores every draft slot by its survival
-probability against the profiled cost of the step, as vLLM's adaptive verification does. The decision reads
+``(T_k + S_k·(b + … + b^{h−k})) / cost(h) > T_k / cost(k)``: the full look-ahead, since ``v(g)`` need not
+be convex. The tokens not yet drafted count with ``b``, the generation's acceptance over every verified
+position shrunk towards the last drafted token's ``a(c_k)`` (:meth:`AutoGamma.ahead_acceptance`; before the
+first token, the state's mean acceptance): their confidences are not known yet, and on the embedded pair an
+unsure token does not announce unsure ones (the next position after an accepted token with ``c < 0.9`` is
+accepted 0.97 / 1.00 / 0.60 of the time on code / arithmetic / prose, ``benchmarks/confidence_acceptance.py``).
+Counting them at ``a(c_k)`` instead ended a chain at every unsure token: on the arithmetic prompt (transformers
+backend, seeds 1 / 1001 / 2001) every generation then took 5 target calls for 48 tokens, and 4 with ``b``
+(docs/performance.md, fifth round). This scores every draft slot by its survival probability against the
+profiled cost of the step, as vLLM's adaptive verification does. The decision reads
 the draft alone, like ``--draft-stop P``. Since the draft's confidence decides where a step ends, a
 generation's first step drafts (where drafting can pay at all, :meth:`AutoGamma.can_pay`) and so does every
 probe after a run of plain steps, each up to ``g_max`` tokens, the per-token stop ending it: a prior
@@ -289,6 +291,13 @@ class AutoGamma:
         prior = min(1.0, max(0.0, 1.0 - self.miscalibration * (1.0 - confidence)))
         return _shrunk(self.bin_accepted[b], self.bin_verified[b], prior, self.prior_weight)
 
+    def ahead_acceptance(self, last: float) -> float:
+        """Estimated acceptance of each token not yet drafted, after a drafted token whose own estimate is
+        ``last``: this generation's acceptance over every verified position, shrunk towards ``last`` worth
+        ``prior_weight`` positions. The next token's confidence is unknown, and an unsure token does not
+        announce unsure ones (see the module docstring)."""
+        return _shrunk(self.accepted, self.verified, last, self.prior_weight)
+
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Whether to draft one more token after drafting tokens of these draft probabilities (see the
         module docstring); never beyond ``g_max`` (or ``fixed``)."""
@@ -299,7 +308,7 @@ class AutoGamma:
         if not self.by_confidence:
             return True
         drafted = [self.acceptance_at(c) for c in confidences]
-        ahead = [drafted[-1]] * top if drafted else self.acceptance(optimistic=False)
+        ahead = [self.ahead_acceptance(drafted[-1])] * top if drafted else self.acceptance(optimistic=False)
         now = _rate_along(self.profile, drafted, k)
         for h in range(k + 1, top + 1):
             if _rate_along(self.profile, drafted + ahead[k:h], h) > now:
