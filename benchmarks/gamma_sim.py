@@ -67,7 +67,7 @@ class _Recorded:
 
     def __init__(self, pairs: list[tuple[float, int]], rng: random.Random, sequential: bool) -> None:
         self.pairs, self.rng, self.sequential = pairs, rng, sequential
-        self.start = rng.randrange(len(pairs))
+        self.start = rng.randrange(len(pairs)) if sequential else 0    # i.i.d. draws: the seed's stream as before
 
     def at(self, j: int) -> tuple[float, int]:
         """The step's ``j``-th drafted token."""
