@@ -96,7 +96,7 @@ def has_close_elements(numbers, threshold):
     program, _ = coding.build_code_program(p.answer["prompt"], fenced(spy), "has_close_elements")
     ref = coding._evalplus_reference(p.answer, p.id)
     run = coding._outputs_run(program, "has_close_elements", ref.calls[:1], timeout_s=10, memory_mb=1024)
-    files, names = decode(run.results[0]["out"])
+    files, names = decode(run.result(0)["out"])
     # no calls.json either: the inputs arrive one at a time on the request channel
     assert set(files) <= {"solution.py", "_verispec_audit_hook.py", "code_child.py"}, files
     leaked = [n for n in names if any(w in n.lower() for w in ("expect", "token", "verdict", "reference", "test"))]

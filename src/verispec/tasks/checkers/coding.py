@@ -173,16 +173,55 @@ KEEP_REPORT_BYTES = 8 << 20
 
 @dataclass
 class _Run:
-    """What an ``outputs`` run of :mod:`.code_child` reported: one result per call, in order."""
+    """What an ``outputs`` run of :mod:`.code_child` reported, in call order.
 
-    results: list[dict] = field(default_factory=list)  # {"out": encoded} | {"raised": str} | {"digest": ..}
+    With a ``judge`` every output is judged and dropped (``wrong`` / ``first_wrong``); without
+    one each result is kept as compact JSON text (:class:`_Kept`), never as decoded objects:
+    decoded values cost up to 30x their text (issue 34, item 6).
+    """
+
+    results: list = field(default_factory=list)  # _Kept, one per call (runs without a judge)
+    answered: int = 0  # results received (judged or kept)
     times: list[float] = field(default_factory=list)  # the child's own clock (trusted code only)
     sizes: list[int] = field(default_factory=list)  # length of each result's report line
     load_error: str | None = None
-    failure: str | None = None  # why the run was judged failing (by ``judge``) or broke protocol
-    failed_at: int | None = None  # the call it failed on
+    failure: str | None = None  # why the run broke off (protocol, time, memory), with ``failed_at``
+    failed_at: int | None = None  # the call it broke off on
+    wrong: int = 0  # outputs the judge refused
+    first_wrong: tuple[int, str] | None = None  # (call, why) of the first of them
     status: str = ""
     stderr: str = ""
+    duration_s: float = 0.0
+    cpu_s: float | None = None  # CPU seconds of all the run's processes, where known (see _sandboxed)
+
+    def result(self, i: int) -> dict:
+        """Kept result ``i`` as ``{"out": encoded} | {"raised": str} | {"digest": hex}``."""
+        return loads_line(self.results[i].text.decode())
+
+    def over_cpu(self) -> str | None:
+        """Why the run used more than one core's worth of CPU, or ``None`` (see :data:`CPU_SLACK_S`)."""
+        if self.cpu_s is None or self.cpu_s <= self.duration_s + CPU_SLACK_S:
+            return None
+        return (f"the run used {self.cpu_s:.1f} CPU seconds in {self.duration_s:.1f} s: more than one core "
+                "(a run gets one core's worth of CPU)")
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """One kept result: its kind, its compact JSON text ``{"out"|"raised"|"digest": ...}`` and
+    whether an opaque value is nested in it (then it is identical to nothing)."""
+
+    kind: str
+    text: bytes
+    opaque: bool = False
+
+
+#: Bumped whenever a change below can change a code verdict: part of the verdict cache's key.
+GRADER_VERSION = "code/2026-12-03 (issue 34: no stop at the first wrong output, request clock, CPU)"
+#: CPU seconds a run may use beyond one core's worth of its wall-clock time (start-up, clock ticks).
+CPU_SLACK_S = 1.0
+#: Verdicts kept per process (see :func:`_verdict_once`); each holds a bool and a short detail.
+VERDICT_CACHE_SIZE = 4096
 
 
 def _read_line(line: str, why: list | None = None) -> dict | None:
@@ -197,41 +236,101 @@ def _read_line(line: str, why: list | None = None) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+# ------------------------------------------------------------------------------ CPU of a run
+_CPU_LOCK = threading.Lock()
+_RUNS = {"in_flight": 0, "started": 0}  # sandboxed runs of this process (under _CPU_LOCK)
+_GRADING = threading.local()  # .sandbox_error: a run of the current grading could not be set up
+
+
+def _sandboxed(*args, **kwargs):
+    """``run_module(*args, **kwargs)`` and the CPU seconds of every process of the run.
+
+    The sandbox's own count (``SandboxResult.cpu_s``) where it gives one; else this process's
+    reaped children's CPU (``RUSAGE_CHILDREN``, which takes in every process of the run: each is
+    reaped inside the run and its time added up the chain to the relay) over the run -- only when
+    no other run of this process overlapped it, since the count is per process.
+    """
+    import resource
+
+    def children_cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    with _CPU_LOCK:
+        _RUNS["in_flight"] += 1
+        _RUNS["started"] += 1
+        alone, started, before = _RUNS["in_flight"] == 1, _RUNS["started"], children_cpu()
+    try:
+        res = run_module(*args, **kwargs)
+    finally:
+        with _CPU_LOCK:
+            _RUNS["in_flight"] -= 1
+            alone = alone and _RUNS["started"] == started
+            after = children_cpu()
+    if res.status == "error":
+        _GRADING.sandbox_error = True
+    cpu = getattr(res, "cpu_s", None)
+    if not isinstance(cpu, (int, float)) or isinstance(cpu, bool):
+        cpu = after - before if alone else None
+    return res, cpu
+
+
+# ------------------------------------------------------------------------------ one run
 def _outputs_run(solution: str, entry: str, calls: list[dict], *, timeout_s: float, memory_mb: int,
                  limits: list[float] | None = None, judge=None, out_sizes: list[int] | None = None,
                  keep_bytes: int | None = None) -> _Run:
     """Run ``solution``'s ``entry`` on ``calls`` in the sandbox, one call at a time.
 
-    Call ``i + 1`` is sent once result ``i`` has arrived (and been judged).  ``limits[i]``:
-    seconds allowed for call ``i``, counted from when it has been handed over (else the whole
-    ``timeout_s``), plus slack for the pipe and for the sizes of the input and of
-    ``out_sizes[i]`` (the reference's output).  ``judge(i, value) -> None | str`` says why the
-    decoded output ``value`` fails, which stops the run; judged outputs are not kept.
-    ``keep_bytes``: most report text kept for the caller (more fails the run).
+    Call ``i + 1`` is sent once result ``i`` has arrived.  ``limits[i]``: seconds allowed for call
+    ``i`` (else the whole ``timeout_s``), plus slack for the pipe and for the sizes of the input
+    and of ``out_sizes[i]`` (the reference's output), counted from *before* the input's first byte
+    is written (:mod:`..sandbox.watch`: a program that reads slowly spends its own time).
+
+    ``judge(i, value) -> None | str`` says why the decoded output ``value`` fails.  A wrong output
+    does **not** stop the run: every input is answered and the verdict is decided at the end, so
+    where a run stops never depends on whether an answer was right, and a program that remembers
+    where it was stopped (in whatever survives a run) learns nothing it can use in a later grading
+    of the same text (issue 34, item 1).  Output ``i`` is judged once input ``i + 1`` has been
+    written (or at the end), so the time the judging takes is not in the delay before the next
+    input either.  Runs stop only for what the program does whatever its answers' correctness:
+    a late result, a malformed line, an unreadable output, an exit.  Judged outputs are not kept.
+    ``keep_bytes``: most result text kept for the caller (more fails the run).
     """
     run = _Run()
     n = len(calls)
     stage = ["start"]  # start -> load -> calls
     kept = [0]
+    pending: list = []  # [(i, decoded output | raised text)]: the output not yet judged
     requests = [(dumps(c) + "\n").encode() for c in calls]
 
+    def judge_pending() -> None:
+        while pending:
+            i, value, raised = pending.pop()
+            why = raised if raised is not None else judge(i, value)
+            if why:
+                run.wrong += 1
+                if run.first_wrong is None:
+                    run.first_wrong = (i, why)
+
     def send(i: int):
+        then = judge_pending if judge is not None else None
         if i >= n:
-            return 2.0, b'{"end":true}\n'  # time to exit after the last result
+            return 2.0, b'{"end":true}\n', then  # time to exit after the last result
         base = limits[i] + REPORT_SLACK_S if limits else timeout_s
         extra = (len(requests[i]) + (out_sizes[i] if out_sizes else 0)) / TRANSFER_BYTES_S
-        return base + extra, requests[i]
+        return base + extra, requests[i], then
 
     def fail(why: str, at: int | None = None):
         run.failure, run.failed_at = why, at
         return None
 
     def on_report(line: str):
+        judge_pending()  # normally done already: the program answered before reading its input
         why: list = []
         obj = _read_line(line, why)
         if obj is None:
             return fail("malformed report line from the solution's process" + "".join(f" ({w})" for w in why),
-                        len(run.results))
+                        run.answered)
         if stage[0] == "start":
             if obj.get("started") is not True:
                 return fail("malformed report: the child did not start")
@@ -245,41 +344,47 @@ def _outputs_run(solution: str, entry: str, calls: list[dict], *, timeout_s: flo
                 return fail("malformed report: results before the solution was loaded")
             stage[0] = "calls"
             return send(0)
-        i = len(run.results)
+        i = run.answered
         kinds = [k for k in ("out", "raised", "digest") if k in obj]
         if i >= n or obj.get("i") != i or len(kinds) != 1:
             return fail(f"malformed report for call #{i}", i)
-        res = {kinds[0]: obj[kinds[0]] if kinds[0] == "out" else str(obj[kinds[0]])[:500]}
+        kind, t = kinds[0], obj.get("t")
+        payload = obj.pop(kind) if kind == "out" else str(obj[kind])[:500]
+        del obj
+        value = None
         try:
-            value = _value(res) if "raised" not in res else None  # refuses what cannot be compared
+            if kind != "raised":
+                value = _value({kind: payload})  # refuses what cannot be compared
         except (ValueError, TypeError, RecursionError) as e:
             return fail(f"unreadable output: {e}", i)
-        t = obj.get("t")
-        run.times.append(float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0)
+        run.answered += 1
+        run.times.append(t if type(t) is float else float(t) if type(t) is int and abs(t) < 1 << 53 else 0.0)
         run.sizes.append(len(line))
         if judge is not None:
-            why = res["raised"] if "raised" in res else judge(i, value)
-            run.results.append({"judged": True})
-            if why:
-                return fail(why, i)
+            pending.append((i, value, payload if kind == "raised" else None))
         else:
-            kept[0] += len(line)
+            del value
+            text = dumps({kind: payload}).encode()
+            kept[0] += len(text)
             if keep_bytes is not None and kept[0] > keep_bytes:
                 return fail(f"outputs larger than {keep_bytes >> 20} MiB in all", i)
-            run.results.append(res)
+            run.results.append(_Kept(kind, text, kind == "out" and _has_opaque(payload)))
         return send(i + 1)
 
     total = timeout_s + STARTUP_S + IMPORT_LIMIT_S
-    res = run_module(_CHILD, ["outputs", "solution.py", entry], files={"solution.py": solution},
-                     timeout_s=total, memory_mb=memory_mb, max_disk_mb=CODE_DISK_MB, on_report=on_report,
-                     first_report_s=STARTUP_S, max_line_bytes=REPORT_LINE_BYTES)
-    run.status, run.stderr = res.status, res.stderr
-    if run.failure is None and run.load_error is None and len(run.results) < n:
-        k = run.failed_at = len(run.results)
+    res, run.cpu_s = _sandboxed(_CHILD, ["outputs", "solution.py", entry], files={"solution.py": solution},
+                                timeout_s=total, memory_mb=memory_mb, max_disk_mb=CODE_DISK_MB,
+                                on_report=on_report, first_report_s=STARTUP_S, max_line_bytes=REPORT_LINE_BYTES)
+    if judge is not None:
+        judge_pending()  # the last output, when the program ended before reading what followed it
+    run.status, run.stderr, run.duration_s = res.status, res.stderr, res.duration_s
+    if run.failure is None and run.load_error is None and run.answered < n:
+        k = run.failed_at = run.answered
         if res.status == "timeout":
             if stage[0] == "calls":
                 limit = f" ({limits[k]:.2f}s)" if limits else ""
-                run.failure = f"timeout: time limit{limit} exceeded on input #{k}"
+                # res.detail: the run's CPU budget over all its processes was spent (the sandbox's)
+                run.failure = f"timeout: {res.detail or f'time limit{limit} exceeded'} on input #{k}"
             else:
                 run.failure = f"timeout: the solution did not load within {IMPORT_LIMIT_S:g} s"
         elif res.detail:
@@ -318,6 +423,54 @@ def _cached(key: str, compute):
         return value
 
 
+# ------------------------------------------------------------------------------ verdict cache
+_VERDICTS: dict[str, tuple[bool, str]] = {}  # key -> (correct, detail), oldest first
+_VERDICT_BUSY: dict[str, list] = {}  # key -> [lock, gradings waiting on it]: one grading per key at a time
+_VERDICT_LOCK = threading.Lock()  # guards both dicts
+
+
+def _verdict_key(ans: dict, task_id: str, program: str, timeout_s: float) -> str:
+    """(grader version, the task as graded, the program's text, the time limit)."""
+    task = {k: v for k, v in ans.items() if k in ("kind", "flavour", "entry_point", "prompt", "canonical_solution",
+                                                    "test", "base_input", "plus_input", "atol")}
+    return _reference_key(GRADER_VERSION, task_id, task, program, float(timeout_s))
+
+
+def _verdict_once(key: str, compute) -> tuple[bool, str]:
+    """``compute() -> ((correct, detail), cacheable)`` once per key in this process: a second
+    grading of the same program text for the same task gets the first one's verdict.
+
+    So a program cannot learn anything from one grading that changes the next in this process
+    (the bench grades one completion several times: lossless rules reproduce target-only's text,
+    several rules run on the same problems; ``regrade`` grades every stored run).  At most
+    :data:`VERDICT_CACHE_SIZE` verdicts, the least recently used dropped first; a grading where
+    the sandbox could not run is not kept.
+    """
+    with _VERDICT_LOCK:
+        if key in _VERDICTS:
+            _VERDICTS[key] = _VERDICTS.pop(key)  # most recently used last
+            return _VERDICTS[key]
+        busy = _VERDICT_BUSY.setdefault(key, [threading.Lock(), 0])
+        busy[1] += 1
+    try:
+        with busy[0]:
+            with _VERDICT_LOCK:
+                if key in _VERDICTS:
+                    return _VERDICTS[key]
+            verdict, cacheable = compute()
+            if cacheable:
+                with _VERDICT_LOCK:
+                    _VERDICTS[key] = verdict
+                    while len(_VERDICTS) > VERDICT_CACHE_SIZE:
+                        del _VERDICTS[next(iter(_VERDICTS))]
+            return verdict
+    finally:
+        with _VERDICT_LOCK:
+            busy[1] -= 1
+            if busy[1] == 0:
+                del _VERDICT_BUSY[key]
+
+
 # ------------------------------------------------------------------------------ EvalPlus
 @dataclass
 class _EvalPlusRef:
@@ -340,17 +493,30 @@ def _evalplus_reference(ans: dict, task_id: str) -> _EvalPlusRef:
         run = _outputs_run(solution, entry, calls, timeout_s=REFERENCE_TIMEOUT_S, memory_mb=EVALPLUS_MEMORY_MB)
         why = run.load_error or run.failure
         if why is None:
-            bad = next((i for i, r in enumerate(run.results) if "raised" in r), None)
-            why = None if bad is None else f"input #{bad}: {run.results[bad]['raised']}"
+            bad = next((i for i, r in enumerate(run.results) if r.kind == "raised"), None)
+            why = None if bad is None else f"input #{bad}: {run.result(bad)['raised']}"
         if why is not None:
             err = f"reference solution failed: {why}"
             return _EvalPlusRef(calls, inputs, [], [], err), run.status != "error"
-        expected = [expected_output(flavour, entry, _value(r)) for r in run.results]
+        expected = [expected_output(flavour, entry, _value(run.result(i))) for i in range(len(run.results))]
         limits = [max(MIN_CALL_S, CALL_FACTOR * t) for t in run.times]
         return _EvalPlusRef(calls, [decode(c["args"]) for c in calls], expected, limits, run.sizes), True
 
     return _cached(_reference_key("evalplus", task_id, flavour, entry, ans["prompt"], ans["canonical_solution"], raw),
                    compute)
+
+
+def _broke_off(run: _Run, n: int) -> tuple[int, str] | None:
+    """``(input, why)`` of the first thing wrong with a judged run, in input order, or ``None``."""
+    found = []
+    if run.first_wrong is not None:
+        found.append(run.first_wrong)
+    if run.failure is not None:
+        found.append((n if run.failed_at is None else run.failed_at, run.failure))
+    cpu = run.over_cpu()
+    if cpu is not None:
+        found.append((n, cpu))
+    return min(found, key=lambda f: f[0]) if found else None
 
 
 def _grade_evalplus(ans: dict, task_id: str, program: str, code: str, timeout_s: float) -> CheckResult:
@@ -367,17 +533,23 @@ def _grade_evalplus(ans: dict, task_id: str, program: str, code: str, timeout_s:
     # EvalPlus: per input max(1 s, 4 x reference time); the whole run up to the sum of those
     # limits + 2 s (EvalPlus also caps it at 61 s; not done here, so a solution as fast as the
     # reference still passes on a loaded machine), plus the per-input slack.  timeout_s is a floor.
+    # A wrong output does not shorten the run (see _outputs_run): a wrong solution may take the
+    # whole budget, the same as a right one.
     moved = sum(len(dumps(c)) for c in ref.calls) + sum(ref.sizes)
     total = max(timeout_s, sum(ref.limits) + n * REPORT_SLACK_S + moved / TRANSFER_BYTES_S + 2.0)
     run = _outputs_run(program, entry, ref.calls, timeout_s=total, memory_mb=EVALPLUS_MEMORY_MB,
                        limits=ref.limits, judge=judge, out_sizes=ref.sizes)
     if run.load_error:
         return CheckResult(False, code, f"failed at load; {run.load_error}")
-    if run.failure:
-        i = len(run.results) if run.failed_at is None else run.failed_at
-        stage = "base" if i < n_base else "plus"
-        inp = repr(ref.inputs[i])[:300] if i < n else ""
-        return CheckResult(False, code, f"failed at {stage}; input #{i} of {n}; {run.failure}; input {inp}")
+    first = _broke_off(run, n)
+    if first is not None:
+        i, why = first
+        stage = "base" if i < n_base else "plus" if i < n else "run"
+        wrong = f"; wrong on {run.wrong} of the {run.answered} inputs answered" if run.wrong else ""
+        if i >= n:
+            return CheckResult(False, code, f"failed at {stage}; {run.answered} of {n} inputs answered; {why}{wrong}")
+        inp = repr(ref.inputs[i])[:300]
+        return CheckResult(False, code, f"failed at {stage}; input #{i} of {n}; {why}{wrong}; input {inp}")
     return CheckResult(True, code, f"passed ({n} inputs)")
 
 
@@ -387,6 +559,7 @@ class _HumanEvalRef:
     calls: list[dict]
     results: list[dict]
     error: str | None = None
+    texts: list[bytes] = field(default_factory=list)  # each result's "out" as compact JSON text
 
 
 def _humaneval_reference(ans: dict) -> _HumanEvalRef:
@@ -408,11 +581,12 @@ def _humaneval_reference(ans: dict) -> _HumanEvalRef:
             return 2.0
 
         files = {"solution.py": ans["prompt"] + ans.get("canonical_solution", ""), "test.py": ans["test"]}
-        res = run_module(_CHILD, ["record", "solution.py", "test.py", ans["entry_point"]], files=files,
-                         timeout_s=REFERENCE_TIMEOUT_S, memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
-                         on_report=on_report, first_report_s=REFERENCE_TIMEOUT_S, max_line_bytes=REPORT_LINE_BYTES)
+        res, _ = _sandboxed(_CHILD, ["record", "solution.py", "test.py", ans["entry_point"]], files=files,
+                            timeout_s=REFERENCE_TIMEOUT_S, memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
+                            on_report=on_report, first_report_s=REFERENCE_TIMEOUT_S, max_line_bytes=REPORT_LINE_BYTES)
         if end.get("done") is True and calls:
-            return _HumanEvalRef(calls, results), True
+            texts = [dumps(r["out"]).encode() if "out" in r else b"" for r in results]
+            return _HumanEvalRef(calls, results, texts=texts), True
         why = end.get("error") or ("the test never called the candidate" if end.get("done") else
                                    f"sandbox status {res.status}: {res.stderr[-300:]}")
         return _HumanEvalRef([], [], f"reference run failed: {why}"), res.status != "error"
@@ -439,18 +613,21 @@ def _has_opaque(e) -> bool:
     return False
 
 
-def _same_result(a: dict, b: dict) -> bool:
-    """Identical outputs (exact encoding; big ones by digest), or the same exception type.  An
-    opaque value is identical to nothing, wherever it is nested (two different iterators both
-    encode as ``{"opaque": "builtins.list_iterator"}``)."""
-    if "raised" in a or "raised" in b:
-        return "raised" in a and "raised" in b and a["raised"].split(":")[0] == b["raised"].split(":")[0]
-    if _has_opaque(a.get("out")) or _has_opaque(b.get("out")):
+def _same_result(run: _Run, i: int, ref: _HumanEvalRef) -> bool:
+    """Candidate result ``i`` identical to the reference's: the same exact encoding (big ones by
+    digest), or the same exception type.  An opaque value is identical to nothing, wherever it is
+    nested (two different iterators both encode as ``{"opaque": "builtins.list_iterator"}``).
+    Compared on the kept text; only a digest needs the output decoded, one at a time."""
+    a, b = run.results[i], ref.results[i]
+    if a.kind == "raised" or "raised" in b:
+        return a.kind == "raised" and "raised" in b and \
+            run.result(i)["raised"].split(":")[0] == b["raised"].split(":")[0]
+    if a.opaque or _has_opaque(b.get("out")):
         return False
     try:
-        if "digest" in a or "digest" in b:
-            return _digest_of(a) == _digest_of(b)
-        return json.dumps(a["out"]) == json.dumps(b["out"])
+        if a.kind == "digest" or "digest" in b:
+            return _digest_of(run.result(i)) == _digest_of(b)
+        return a.text == b'{"out":' + ref.texts[i] + b"}"
     except (ValueError, TypeError, RecursionError):
         return False  # not identical; the test's own assertions decide
 
@@ -466,7 +643,10 @@ def _grade_humaneval(ans: dict, program: str, code: str, timeout_s: float) -> Ch
         return CheckResult(False, code, f"failed at load; {run.load_error}")
     if run.failure:
         return CheckResult(False, code, f"failed at test; {run.failure}")
-    if all(_same_result(a, b) for a, b in zip(run.results, ref.results)):
+    cpu = run.over_cpu()
+    if cpu:
+        return CheckResult(False, code, f"failed at test; {cpu}")
+    if all(_same_result(run, i, ref) for i in range(n)):
         return CheckResult(True, code, f"passed ({n} test calls, outputs identical to the reference)")
     # Outputs differ from the reference's: the task's own assertions decide (tolerances,
     # several valid answers), evaluated on the candidate's plain outputs in a separate run.
@@ -476,11 +656,14 @@ def _grade_humaneval(ans: dict, program: str, code: str, timeout_s: float) -> Ch
         verdict.update(_read_line(line) or {"passed": False, "error": "malformed report"})
         return 2.0
 
+    # The kept texts joined as they are: no decoded copy of the outputs in this process.
+    results = b"[" + b",".join(r.text for r in run.results) + b"]"
+    del run
     files = {"prompt.py": ans["prompt"], "test.py": ans["test"],
-             "calls.json": json.dumps({"entry": entry, "calls": ref.calls}), "results.json": json.dumps(run.results)}
-    res = run_module(_CHILD, ["replay", "prompt.py", "test.py", "calls.json", "results.json"], files=files,
-                     timeout_s=max(timeout_s, 10.0), memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
-                     on_report=on_report, first_report_s=max(timeout_s, 10.0), max_line_bytes=REPORT_LINE_BYTES)
+             "calls.json": json.dumps({"entry": entry, "calls": ref.calls}), "results.json": results}
+    res, _ = _sandboxed(_CHILD, ["replay", "prompt.py", "test.py", "calls.json", "results.json"], files=files,
+                        timeout_s=max(timeout_s, 10.0), memory_mb=HUMANEVAL_MEMORY_MB, max_disk_mb=CODE_DISK_MB,
+                        on_report=on_report, first_report_s=max(timeout_s, 10.0), max_line_bytes=REPORT_LINE_BYTES)
     if verdict.get("passed") is True:
         return CheckResult(True, code, f"passed ({n} test calls)")
     why = verdict.get("error") or f"sandbox status {res.status}: {res.stderr[-300:]}"
@@ -488,7 +671,11 @@ def _grade_humaneval(ans: dict, program: str, code: str, timeout_s: float) -> Ch
 
 
 def grade(problem, completion: str, timeout_s: float = 10.0, *, truncated: bool = False) -> CheckResult:
-    """Grade a code completion (``truncated`` is not used: code is judged by running it)."""
+    """Grade a code completion (``truncated`` is not used: code is judged by running it).
+
+    The verdict is kept per (grader version, task, program text, time limit) in this process
+    (:func:`_verdict_once`): grading the same program again reproduces the first verdict.
+    """
     ans = problem.answer
     if not isinstance(ans, dict) or "entry_point" not in ans or "prompt" not in ans:
         return CheckResult(False, None, "problem.answer is not a code-task dict")
@@ -496,8 +683,17 @@ def grade(problem, completion: str, timeout_s: float = 10.0, *, truncated: bool 
     why = refusal()
     if why is not None:
         return CheckResult(False, code, f"not graded: {why}")
-    if ans.get("kind") == "evalplus":
-        return _grade_evalplus(ans, ans.get("task_id", problem.id), program, code, timeout_s)
-    if "test" not in ans:
+    task_id = ans.get("task_id", problem.id)
+    if ans.get("kind") != "evalplus" and "test" not in ans:
         return CheckResult(False, code, "problem.answer has no 'test'")
-    return _grade_humaneval(ans, program, code, timeout_s)
+
+    def compute():
+        _GRADING.sandbox_error = False
+        if ans.get("kind") == "evalplus":
+            r = _grade_evalplus(ans, task_id, program, code, timeout_s)
+        else:
+            r = _grade_humaneval(ans, program, code, timeout_s)
+        return (r.correct, r.detail), not _GRADING.sandbox_error
+
+    correct, detail = _verdict_once(_verdict_key(ans, task_id, program, timeout_s), compute)
+    return CheckResult(correct, code, detail)

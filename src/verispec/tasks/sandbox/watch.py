@@ -5,6 +5,10 @@ channel's per-line deadlines, reads report lines within bounds (:data:`MAX_REPOR
 ``max_line_bytes`` per line, refused before anything parses them) and writes requests without
 ever blocking; :func:`kill_run` kills PID 1 of the run, its process group and its cgroup, then
 reaps the relay.  See :mod:`verispec.tasks.sandbox` for the guarantees.
+
+A request's deadline starts *before* its first byte is written, and the write must finish within
+it: a program that shrinks its request pipe (``F_SETPIPE_SZ``) and reads a large request slowly
+computes on the request's own clock, never before it starts (issue 34, item 3).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 from . import cgroup
 
@@ -22,9 +27,6 @@ from . import cgroup
 MAX_REPORT_BYTES = 256 << 20
 #: Default longest report line (bytes); a longer one stops the run (status ``"failed"``).
 MAX_LINE_BYTES = 16 << 20
-#: Seconds a request may take to be written into the request pipe (a program that never reads
-#: it cannot block the parent: writes are non-blocking, and this deadline ends the run).
-REQUEST_WRITE_S = 5.0
 #: Seconds allowed for the sandbox's own start-up on top of the first report deadline.
 STARTUP_GRACE_S = 5.0
 
@@ -63,7 +65,14 @@ def drain(fd: int) -> bytes:
 
 
 def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_report_s, max_line_bytes) -> str:
-    """Wait for the run to end; returns ``"exited"``, ``"timeout"``, ``"stopped"`` or ``"overflow"``."""
+    """Wait for the run to end; returns ``"exited"``, ``"timeout"``, ``"stopped"`` or ``"overflow"``.
+
+    ``on_report(line)`` returns ``seconds``, ``(seconds, request)`` or ``(seconds, request, then)``
+    (see :data:`.runner.ReportHandler`), or ``None`` to stop.  The ``seconds`` count from the
+    moment ``on_report`` returns, so they cover writing ``request`` as well; ``then()`` is called
+    once all of ``request`` has been written (at once if it is empty), and never if the run ends
+    first -- the caller finishes what it left pending.
+    """
     t_end = time.monotonic() + timeout_s
     t_line = None
     if rep_r is not None and first_report_s is not None:
@@ -75,7 +84,9 @@ def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_repo
     fds = [f for f in (info_r, rep_r, pidfd) if f is not None]
     pending = bytearray()
     outgoing = bytearray()
-    after_write = 0.0  # the deadline (seconds) that starts once ``outgoing`` is written
+    written = queued = 0  # request bytes written so far / handed to us so far
+    # ``(queued bytes, callback)``: run each once the request bytes up to that count are written
+    after_written: list[tuple[int, Callable[[], None]]] = []
     total = 0
     try:
         while True:
@@ -94,8 +105,9 @@ def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_repo
                 except OSError:  # the program closed its end: nothing more can reach it
                     n = len(outgoing)
                 del outgoing[:n]
-                if not outgoing:
-                    t_line = time.monotonic() + after_write
+                written += n
+                while after_written and after_written[0][0] <= written:
+                    after_written.pop(0)[1]()
             if info_r in ready:
                 chunk = os.read(info_r, 65536)
                 if chunk and len(info_buf) < 1 << 20:
@@ -119,13 +131,18 @@ def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_repo
                     allowed = on_report(line.decode("utf-8", "replace"))
                     if allowed is None:
                         return "stopped"
+                    # The clock starts now, before the request's first byte is written; the
+                    # write (non-blocking, below) has to finish within the same deadline.
+                    t_line = time.monotonic() + (allowed[0] if isinstance(allowed, tuple) else allowed)
                     if isinstance(allowed, tuple):
-                        allowed, request = allowed
-                        if request:
-                            outgoing += request
-                            after_write = allowed
-                            allowed += REQUEST_WRITE_S  # until it is written; then ``after_write``
-                    t_line = time.monotonic() + allowed
+                        request, then = allowed[1], (allowed[2] if len(allowed) > 2 else None)
+                        outgoing += request or b""
+                        queued += len(request or b"")
+                        if then is not None:
+                            if queued <= written:
+                                then()
+                            else:
+                                after_written.append((queued, then))
                 del pending[:start]
                 if len(pending) > max_line_bytes:
                     return "overflow"  # a line this long is refused before it is complete
