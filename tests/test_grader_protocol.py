@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import sys
+import time
 import tracemalloc
 
 import pytest
@@ -133,6 +134,63 @@ def test_a_grading_the_sandbox_could_not_run_is_not_kept(monkeypatch, fresh_verd
     for _ in range(2):
         assert not check(p, fenced(_LEARNER)).correct
     assert calls == ["outputs", "outputs"]  # the second grading ran again
+
+
+def test_an_output_is_judged_even_when_the_program_ends_right_after_it(fresh_verdicts):
+    """Output #i is judged once input #i + 1 is written, the last one once the end message is
+    (or after the run, whatever ended it): a program wrong only on its last input that exits
+    before reading the end message is judged on it all the same."""
+    quitter = """
+import os, threading, time
+def is_even(n):
+    if n == 7:
+        threading.Thread(target=lambda: (time.sleep(0.05), os._exit(0))).start()
+        return True
+    return n % 2 == 0
+"""
+    r = check(_parity_problem(), fenced(quitter))
+    assert not r.correct and "input #7 of 8; wrong output" in r.detail, r.detail
+
+
+#: Writes to its stderr how long it waited for each input after answering the one before.
+_TIMER = """
+import os, time
+_last = [None]
+def is_even(n):
+    if _last[0] is not None:
+        os.write(2, f"WAITED {n} {time.monotonic() - _last[0]:.3f}\\n".encode())
+    answer = n % 2 == 0 or n == 3
+    _last[0] = time.monotonic()
+    return answer
+"""
+
+
+def test_the_time_spent_judging_is_not_in_the_delay_before_the_next_input(monkeypatch, fresh_verdicts):
+    """Judging a wrong output made slow on purpose (1.5 s, past the 1.25 s per-input limit): the
+    program waits no longer for the next input, and the judging is on no clock of the program's."""
+    waited = {}
+
+    def recording(path, args=(), **kwargs):
+        res = run_module(path, args, **kwargs)
+        for ln in res.stderr.splitlines():
+            if ln.startswith("WAITED "):
+                _, n, dt = ln.split()
+                waited[int(n)] = float(dt)
+        return res
+
+    def slow_when_wrong(*args):
+        same = same_output(*args)
+        if not same:
+            time.sleep(1.5)
+        return same
+
+    run_module, same_output = coding.run_module, coding.same_output
+    monkeypatch.setattr(coding, "run_module", recording)
+    monkeypatch.setattr(coding, "same_output", slow_when_wrong)
+    r = check(_parity_problem(), fenced(_TIMER))
+    assert not r.correct and "input #3 of 8; wrong output" in r.detail, r.detail
+    assert sorted(waited) == list(range(1, 8)), waited
+    assert waited[4] < 1.0, waited  # the judging of #3 (1.5 s) came after input #4 was written
 
 
 @needs_data

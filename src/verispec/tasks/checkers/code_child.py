@@ -18,7 +18,9 @@ Modes:
     (big outputs) or ``{"i": i, "raised": "TypeName: message", "t": seconds}``.  The grader sends
     call ``i + 1`` only once result ``i`` has arrived, so no input is in the process before its
     turn: nothing can be computed ahead, at import time or in the background, and the per-input
-    time limit keeps its meaning.
+    time limit keeps its meaning (its clock starts before the input's first byte is written).
+    The grader never stops a run at a wrong answer -- it decides after the last input -- so
+    nothing the process sees, or where its run ends, depends on whether an answer was right.
 ``record SOLUTION TEST ENTRY``
     HumanEval: run the dataset's ``check(candidate)`` from ``TEST`` against ``SOLUTION`` (the
     canonical solution) through a recording stub.  Reports each call the test makes

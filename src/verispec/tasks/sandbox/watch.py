@@ -71,7 +71,8 @@ def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_repo
     (see :data:`.runner.ReportHandler`), or ``None`` to stop.  The ``seconds`` count from the
     moment ``on_report`` returns, so they cover writing ``request`` as well; ``then()`` is called
     once all of ``request`` has been written (at once if it is empty), and never if the run ends
-    first -- the caller finishes what it left pending.
+    first -- the caller finishes what it left pending; the time it takes moves the line deadline
+    on (it is the parent's work, not the program's).
     """
     t_end = time.monotonic() + timeout_s
     t_line = None
@@ -106,8 +107,12 @@ def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_repo
                     n = len(outgoing)
                 del outgoing[:n]
                 written += n
-                while after_written and after_written[0][0] <= written:
-                    after_written.pop(0)[1]()
+                if after_written and after_written[0][0] <= written:
+                    t0 = time.monotonic()
+                    while after_written and after_written[0][0] <= written:
+                        after_written.pop(0)[1]()
+                    if t_line is not None:  # the parent's own work is on no clock of the program's
+                        t_line += time.monotonic() - t0
             if info_r in ready:
                 chunk = os.read(info_r, 65536)
                 if chunk and len(info_buf) < 1 << 20:
@@ -140,7 +145,9 @@ def watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_repo
                         queued += len(request or b"")
                         if then is not None:
                             if queued <= written:
+                                t0 = time.monotonic()
                                 then()
+                                t_line += time.monotonic() - t0
                             else:
                                 after_written.append((queued, then))
                 del pending[:start]
