@@ -42,7 +42,7 @@ from pathlib import Path
 from verispec.outputs import ensure_out_dir, write_text_atomic
 
 from .distortion import RECORDED_RULE, plot_figure2
-from .report_plots import plot_frontier, plot_gap
+from .report_plots import plot_frontier, plot_gap, plot_spec_bench
 from .rows import (
     STORE_SUFFIXES,
     TRUNCATION_WARN_SHARE,
@@ -56,6 +56,7 @@ from .rows import (
     order_datasets,
     store_files,
 )
+from .spec_bench import format_spec_bench, spec_bench_rows
 
 __all__ = [
     "Accuracy",
@@ -305,6 +306,11 @@ def _numerics_text(keys) -> str:
     return " and ".join(f"{backend}, {how}" for backend, how in keys)
 
 
+def _by_vllm(row: RunRow) -> bool:
+    """Whether every sample of ``row`` was decoded by vLLM (``integrations.vllm``: it records no positions)."""
+    return bool(row.decoding) and all(d.startswith("vLLM") for d in row.decoding)
+
+
 def decoding_warnings(rows: list[RunRow]) -> list[str]:
     """One line per run that mixes several ways of decoding, and per comparison of two runs decoded
     differently (:func:`~.rows.numerics_key`: backend, one at a time / rows alone / batch size): their
@@ -339,11 +345,16 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
     read_warnings: list[str] = []
     rows, corpora = load_rows(store_path_or_dir, conf, distortion=True, warnings=read_warnings)
     datasets = order_datasets(rows)
+    # speed-only datasets (Spec-Bench) have their own section and plot: no accuracy to show
+    graded = [d for d in datasets if not all(r.speed_only for r in rows if r.dataset == d)]
     pct = f"{100 * conf:g}%"
     plots = [
-        plot_frontier(rows, datasets, out / "frontier.png"),
-        plot_gap(rows, datasets, out / "accuracy_gap.png"),
+        plot_frontier(rows, graded, out / "frontier.png"),
+        plot_gap(rows, graded, out / "accuracy_gap.png"),
     ]
+    spec_bench = format_spec_bench(rows, conf)
+    if spec_bench:
+        plots.append(plot_spec_bench(spec_bench_rows(rows), conf, out / "spec_bench.png"))
     figure2: dict[tuple, Path] = {}
     for c in corpora:
         name = f"figure2_{_slug(c.group[0])}" + (f"_{len(figure2)}" if any(g[0] == c.group[0] for g in figure2) else "")
@@ -372,7 +383,9 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
         md += ["**Decoding warnings**", "", *decoding, ""]
     if read_warnings:
         md += ["**Store warnings**", "", *(f"- ⚠ {_esc(w)}" for w in read_warnings), ""]
-    for ds in datasets:
+    if spec_bench:
+        md += [spec_bench, "![Spec-Bench: speed-up over target-only per column](spec_bench.png)", ""]
+    for ds in graded:
         mine = [r for r in rows if r.dataset == ds]
         md += [f"## {ds}", "", format_table(mine, conf), ""]
         wrong = format_wrong_baseline_table(mine, conf)
@@ -392,6 +405,9 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
             for g, path in figure2.items():
                 if g[0] == ds:
                     md += [f"![Figure-2 view: one recorded position of {ds}]({path.name})", ""]
+        elif any(r.rule == RECORDED_RULE and r.n_samples and _by_vllm(r) for r in mine):
+            md += ["_Per-token distortion: the vLLM engine does not record (p, q) at drafted positions; run the "
+                   "same bench with verispec's engine (without `--engine vllm`) for this table._", ""]
         elif any(r.rule == RECORDED_RULE and r.n_samples for r in mine):
             md += ["_Per-token distortion: the lossless run of this dataset has no recorded positions (a store "
                    "written before the bench recorded them, or a deleted `positions/` folder); run the bench into "

@@ -18,8 +18,9 @@ from pathlib import Path
 from verispec.outputs import atomic_path
 
 from .rows import RunRow, baseline_label, reference_accuracy, row_sort_key
+from .spec_bench import column_speedups, method_label, methods
 
-__all__ = ["plot_frontier", "plot_gap"]
+__all__ = ["plot_frontier", "plot_gap", "plot_spec_bench"]
 
 
 
@@ -225,6 +226,43 @@ def plot_gap(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
         fig.legend(loc="outside right upper", fontsize=8, title="rule", title_fontsize=8, frameon=False)
     else:
         ax.text(0.5, 0.5, "no method run has a paired baseline", transform=ax.transAxes, ha="center")
+    with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
+        fig.savefig(tmp, format="png")
+    return path
+
+
+def plot_spec_bench(rows: list[RunRow], conf: float, path: Path) -> Path:
+    """Speed-up over target-only per Spec-Bench column (and overall), one bar per method with its bootstrap
+    interval; the line at 1 is target-only."""
+    import numpy as np
+
+    from verispec.tasks.builders import SPEC_BENCH_COLUMNS
+
+    columns = [name for name, _ in SPEC_BENCH_COLUMNS] + ["overall"]
+    groups = [m for m in methods(rows).values() if m[0].role != "target_only"]
+    fig = _new_figure(max(7.0, 1.3 * len(columns) + 4.0), 4.6)
+    ax = fig.add_subplot()
+    x = np.arange(len(columns), dtype=float)
+    width = 0.8 / max(1, len(groups))
+    colour = _colours(method_label(m[0]) for m in groups)
+    for i, members in enumerate(groups):
+        label = method_label(members[0])
+        sp = column_speedups(members, conf)
+        xs = [x[k] - 0.4 + width * (i + 0.5) for k, c in enumerate(columns) if sp[c] is not None]
+        known = [sp[c] for c in columns if sp[c] is not None]
+        lo = [s.estimate - (s.lo if s.lo is not None else s.estimate) for s in known]
+        hi = [(s.hi if s.hi is not None else s.estimate) - s.estimate for s in known]
+        ax.bar(xs, [s.estimate for s in known], width * 0.9, yerr=[lo, hi], capsize=2, color=colour[label],
+               label=label, error_kw={"elinewidth": 0.8})
+    ax.axhline(1.0, color="0.2", lw=1.0, ls="--")
+    ax.set_xticks(x, columns, fontsize=8)
+    ax.set_ylabel("speed-up over target-only (tokens/s)")
+    ax.set_title(f"Spec-Bench: measured speed-up per column ({100 * conf:g}% bootstrap interval)", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    if groups:
+        fig.legend(loc="outside right upper", fontsize=8, title="method", title_fontsize=8, frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no method run beside a target-only run", transform=ax.transAxes, ha="center")
     with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
         fig.savefig(tmp, format="png")
     return path

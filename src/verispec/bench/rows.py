@@ -10,7 +10,9 @@ Numbers per run (see :mod:`verispec.bench.report` for how they are shown):
   target-only run (the *wrong* baseline): Newcombe method 10 and exact McNemar, or their clustered
   versions (:func:`.stats.clustered_paired_difference`);
 * :class:`Truncation`: share of samples cut at the token limit and accuracy of the others;
-* speed: block efficiency, tokens/s, accepted drafts per step, cost-model speedup;
+* speed: block efficiency, tokens/s, accepted drafts per step, cost-model speedup, and the measured
+  speed-up over the target-only run on the same prompts (:func:`.stats.speedup_interval`);
+* speed-only runs (Spec-Bench: checker ``speed``, :func:`is_speed_only`) have no accuracy and no comparison;
 * :class:`~.distortion.RuleDistortion`: exact per-token distortion on the positions recorded in the
   group's lossless run (attached by :func:`collect_rows` with ``distortion=True``).
 """
@@ -19,17 +21,20 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from verispec import rules as rule_registry
+from verispec.tasks.checkers.speed import NOT_GRADED
 
 from .distortion import RECORDED_RULE, RuleDistortion, distortions, load_positions
 from .records import RunKey, SampleRecord
 from .stats import (
+    SpeedUp,
     clustered_paired_difference,
     clustered_proportion,
     paired_difference,
+    speedup_interval,
     wilson_interval,
 )
 from .store import ResultStore
@@ -53,6 +58,8 @@ __all__ = [
     "TRUNCATION_WARN_SHARE",
     "decoding_label",
     "numerics_key",
+    "is_speed_only",
+    "SpeedPair",
 ]
 
 STORE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -133,6 +140,18 @@ class Truncation:
     warn: bool
 
 
+@dataclass(frozen=True)
+class SpeedPair:
+    """One sample of a run beside the target-only run's sample of the same prompt (problem, sample index):
+    what :func:`.stats.speedup_interval` pools, kept so that the report can pool runs over datasets."""
+
+    problem: str
+    tokens: int
+    seconds: float
+    target_only_tokens: int
+    target_only_seconds: float
+
+
 @dataclass
 class RunRow:
     """Everything the report shows about one run."""
@@ -162,6 +181,19 @@ class RunRow:
     decoding: tuple[str, ...] = ()
     #: distinct :func:`numerics_key` of the samples (samples with one key share the float arithmetic per row)
     numerics: tuple[tuple, ...] = ()
+    #: the samples are timed, never graded (checker ``speed``): no accuracy, no comparison
+    speed_only: bool = False
+    spec_steps: int = 0             # verification steps that verified drafted tokens
+    accepted_drafts: int = 0        # drafted tokens accepted over those steps
+    #: measured speed-up over the target-only run on the same prompts (None: no such run, or no pair)
+    speedup: SpeedUp | None = None
+    speed_pairs: tuple[SpeedPair, ...] = field(default=(), repr=False)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Tokens emitted per verification step that verified drafts: accepted drafts + the next token (vLLM's
+        ``mean_acceptance_length``; Spec-Bench's τ counts plain steps too: that is ``block_efficiency``)."""
+        return 1 + self.accepted_drafts / self.spec_steps if self.spec_steps else None
 
     # -- the run's identity, for grouping and display
     run_id = property(lambda self: self.key.run_id)
@@ -191,6 +223,7 @@ class RunRow:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["speed_pairs"]        # per-sample data: the store has it
         d["key"] = self.key.to_dict()
         d["run_id"] = self.run_id
         return json_safe(d)
@@ -295,6 +328,28 @@ def _target_only_of(key: RunKey, runs: dict[str, _Run]) -> str | None:
     return None
 
 
+def is_speed_only(sample: SampleRecord) -> bool:
+    """Whether a sample was timed and never graded (Spec-Bench's checker ``speed``)."""
+    return sample.meta.get("check_detail") == NOT_GRADED
+
+
+def _speed_pairs(samples: list[SampleRecord], plain: _Run | None) -> tuple[SpeedPair, ...]:
+    if plain is None:
+        return ()
+    by_key = {r.key: r for r in plain.samples}
+    return tuple(SpeedPair(s.problem_id, s.new_tokens, s.wall_s, by_key[s.key].new_tokens, by_key[s.key].wall_s)
+                 for s in samples if s.key in by_key)
+
+
+def pooled_speedup(pairs, conf: float = 0.95) -> SpeedUp | None:
+    """The speed-up over target-only of the :class:`SpeedPair` s ``pairs`` (one run's, or several runs' pooled),
+    with its bootstrap interval over problems."""
+    pairs = list(pairs)
+    return speedup_interval([x.tokens for x in pairs], [x.seconds for x in pairs],
+                            [x.target_only_tokens for x in pairs], [x.target_only_seconds for x in pairs],
+                            [x.problem for x in pairs], conf)
+
+
 def decoding_label(meta: dict) -> str | None:
     """How the bench decoded a sample (``meta`` keys ``backend``, ``batched``, ``batch_size``,
     ``batch_invariant``): ``"llama.cpp, one at a time"``, ``"llama.cpp, batch 4"`` or ``"llama.cpp,
@@ -349,13 +404,17 @@ def _run_row(run: _Run, runs: dict[str, _Run], conf: float) -> RunRow:
     base_id, ll_id = pair.get("baseline"), pair.get("lossless_ref")
     to_id = _target_only_of(key, runs) if key.role == "method" else None
     wrong = to_id if (to_id and base_id and to_id != base_id) else None
+    speed_only = bool(samples) and all(is_speed_only(s) for s in samples)
+    plain = runs.get(_target_only_of(key, runs) or "") if key.role != "target_only" else None
+    pairs = _speed_pairs(samples, plain)
+    graded = not speed_only
     return RunRow(
         key=key,
         n_problems=len(set(problems)),
         n_samples=len(samples),
-        accuracy=Accuracy.of([s.correct for s in samples], problems, conf),
+        accuracy=Accuracy.of([s.correct for s in samples] if graded else [], problems if graded else [], conf),
         truncation=_truncation(samples),
-        flexible=Accuracy.of([f for f, _ in flex], [p for _, p in flex], conf) if flex else None,
+        flexible=Accuracy.of([f for f, _ in flex], [p for _, p in flex], conf) if flex and graded else None,
         new_tokens=tok,
         target_calls=calls,
         wall_s=wall,
@@ -367,12 +426,17 @@ def _run_row(run: _Run, runs: dict[str, _Run], conf: float) -> RunRow:
         baseline_run_id=base_id,
         lossless_ref_run_id=ll_id,
         target_only_run_id=to_id,
-        vs_baseline=_compare(samples, runs.get(base_id), base_id, conf),
-        vs_lossless=_compare(samples, runs.get(ll_id), ll_id, conf),
-        vs_target_only=_compare(samples, runs.get(wrong), wrong, conf) if wrong else None,
+        vs_baseline=_compare(samples, runs.get(base_id), base_id, conf) if graded else None,
+        vs_lossless=_compare(samples, runs.get(ll_id), ll_id, conf) if graded else None,
+        vs_target_only=_compare(samples, runs.get(wrong), wrong, conf) if wrong and graded else None,
         decoding=tuple(sorted({decoding_label(s.meta) or "not recorded" for s in samples}))
         if any(decoding_label(s.meta) for s in samples) else (),
         numerics=tuple(sorted({k for s in samples if (k := numerics_key(s.meta)) is not None})),
+        speed_only=speed_only,
+        spec_steps=steps,
+        accepted_drafts=sum(i * c for i, c in enumerate(hist)),
+        speedup=pooled_speedup(pairs, conf) if pairs else None,
+        speed_pairs=pairs,
     )
 
 

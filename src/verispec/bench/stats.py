@@ -38,6 +38,10 @@ Choices (documented here once, referenced below)
   Paired significance with clusters: the **clustered McNemar test** of Durkalski et al. (2003,
   Stat. Med. 22:2417), ``X² = (Σ_g (n10_g − n01_g))² / Σ_g (n10_g − n01_g)²`` on 1 df, which is
   the asymptotic McNemar statistic with one pair per problem.
+* Speed-up of one run over another on the same prompts (:func:`speedup_interval`): the ratio of the two
+  pooled rates ``(Σ tokens_a / Σ seconds_a) / (Σ tokens_b / Σ seconds_b)`` over the paired samples, with a
+  **percentile bootstrap** interval that resamples problems (all samples of a problem together; Efron &
+  Tibshirani 1993, ch. 13), from a fixed seed so that a report is reproducible.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ __all__ = [
     "clustered_mcnemar",
     "ClusteredPairedResult",
     "design_effect",
+    "SpeedUp",
+    "speedup_interval",
 ]
 
 
@@ -340,3 +346,52 @@ def clustered_paired_difference(a, b, clusters, conf: float = 0.95) -> Clustered
     lo, hi = _newcombe(n11 / deff, n10 / deff, n01 / deff, n00 / deff, z_value(conf))
     p = clustered_mcnemar(x, y, clusters)
     return ClusteredPairedResult(float((n10 - n01) / n), lo, hi, p, n, g, n01, n10, float(deff), test)
+
+
+class SpeedUp(NamedTuple):
+    """``estimate`` = pooled rate of run a over pooled rate of run b; ``lo``/``hi`` its bootstrap interval
+    (None with fewer than two problems); ``n``: paired samples, ``n_problems``: problems resampled."""
+
+    estimate: float
+    lo: float | None
+    hi: float | None
+    n: int
+    n_problems: int
+
+
+#: bootstrap resamples of :func:`speedup_interval` (its Monte-Carlo error on a 95 % bound is ~0.005 of the width)
+SPEEDUP_RESAMPLES = 4000
+
+
+def speedup_interval(tokens_a, seconds_a, tokens_b, seconds_b, problems, conf: float = 0.95,
+                     resamples: int = SPEEDUP_RESAMPLES, seed: int = 0) -> SpeedUp | None:
+    """The speed-up of run a over run b on paired samples (one entry per pair: the tokens and seconds of each
+    run, and the pair's problem), with a percentile-bootstrap interval over problems. None when there is no
+    pair, or when either run's pooled seconds or tokens are zero (no rate to compare)."""
+    _check_conf(conf)
+    data = np.asarray([tokens_a, seconds_a, tokens_b, seconds_b], dtype=float).T       # [n, 4]
+    if data.size == 0:
+        return None
+    if not np.isfinite(data).all() or (data < 0).any():
+        raise ValueError("tokens and seconds must be finite and >= 0")
+    codes, n_problems = _cluster_codes(problems, len(data))
+    sums = np.zeros((n_problems, 4))
+    np.add.at(sums, codes, data)                                                        # per problem
+
+    def ratio(t: np.ndarray) -> np.ndarray:          # t: [..., 4] pooled sums
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (t[..., 0] / t[..., 1]) / (t[..., 2] / t[..., 3])
+
+    total = sums.sum(0)
+    if (total <= 0).any():
+        return None
+    estimate = float(ratio(total))
+    if n_problems < 2:
+        return SpeedUp(estimate, None, None, len(data), n_problems)
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n_problems, np.full(n_problems, 1.0 / n_problems), size=resamples)   # [R, G]
+    boot = ratio(counts @ sums)
+    boot = boot[np.isfinite(boot)]
+    alpha = 1 - conf
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    return SpeedUp(estimate, float(lo), float(hi), len(data), n_problems)

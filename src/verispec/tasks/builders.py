@@ -315,3 +315,32 @@ def build_custom(row: dict, ctx: BuildContext) -> Problem:
         except ValueError:
             pass
     return Problem(ctx.dataset, pid, prompt, gold, checker, meta, stop)
+
+
+#: Spec-Bench (Xia et al. 2024): the dataset's name, and its columns in the layout of the paper's table: MT-bench's
+#: eight categories form one column ("multi-turn conversation"; only the first turn is decoded here), each other
+#: category is a column of its own.
+SPEC_BENCH = "spec_bench"
+SPEC_BENCH_MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH_COLUMNS = (("mt_bench", SPEC_BENCH_MT_BENCH), ("translation", ("translation",)),
+                      ("summarization", ("summarization",)), ("qa", ("qa",)),
+                      ("math_reasoning", ("math_reasoning",)), ("rag", ("rag",)))
+
+
+def spec_bench_dataset(category: str) -> str:
+    """The dataset name of one Spec-Bench category (``spec_bench:qa``): each category is a dataset of its own,
+    with its own target-only run and its own row in the report."""
+    return f"{SPEC_BENCH}:{category}"
+
+
+def build_spec_bench(row: dict, ctx: BuildContext) -> Problem:
+    """A Spec-Bench question (``question_id``, ``category``, ``turns``): the first turn is the prompt, as is;
+    speed only (checker ``speed``: the output is timed, never graded)."""
+    qid = required_field(row, "question_id", (int, str))
+    category = required_field(row, "category", str)
+    if not re.fullmatch(r"[a-z0-9_]+", category):
+        raise BadRow(f"field 'category' must be a lower-case name (letters, digits, _), got {category[:40]!r}")
+    turns = required_field(row, "turns", list)
+    if not isinstance(turns[0], str) or not turns[0].strip():
+        raise BadRow("field 'turns' must start with a non-empty string (the first turn is the prompt)")
+    return Problem(spec_bench_dataset(category), str(qid), turns[0], None, "speed", {"category": category})

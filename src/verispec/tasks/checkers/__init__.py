@@ -17,7 +17,8 @@ every family documents its rules in its module docstring.
 
 One module per checker family, each with its own documentation of what it extracts and how it
 compares: :mod:`.gsm8k`, :mod:`.latex_math` (MATH-500, AIME), :mod:`.coding` (HumanEval,
-HumanEval+, MBPP+; run only in the sandbox), :mod:`.bfcl`, :mod:`.choice`.  Each exposes
+HumanEval+, MBPP+; run only in the sandbox), :mod:`.bfcl`, :mod:`.choice`, :mod:`.speed` (speed-only
+datasets: never graded).  Each exposes
 ``grade(problem, completion, timeout_s, *, truncated) -> CheckResult``.
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import bfcl, choice, coding, gsm8k, latex_math
+from . import bfcl, choice, coding, gsm8k, latex_math, speed
 from .base import TRUNCATED_NO_ANSWER, CheckResult, last_boxed
 from .bfcl import ast_checker, bfcl_match, decode_calls, find_calls
 from .choice import extract_choice
@@ -57,6 +58,7 @@ CHECKERS: dict[str, Grader] = {
     "code": coding.grade,
     "bfcl": bfcl.grade,
     "choice": choice.grade,
+    "speed": speed.grade,
 }
 
 
