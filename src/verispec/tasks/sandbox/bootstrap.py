@@ -42,20 +42,37 @@ MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 1
 ST_NOEXEC = 8
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_PDEATHSIG = 38, 22, 2, 1
 
-# Per architecture: the audit arch the kernel reports for native calls, the syscalls refused
-# outright -- the keyrings (add_key, request_key, keyctl: per uid, they would carry data between
-# runs) and io_uring (io_uring_setup/enter/register: its operations, sockets included, bypass
-# seccomp) -- and ``socket``, refused for AF_UNIX only (a pathname Unix socket is a door out of
-# the run wherever one is visible; ``socketpair`` stays).  Calls of any other ABI (i386 via
-# int 0x80, x32) are refused wholesale: their numbers differ and Python never uses them.
+# Per architecture: the audit arch the kernel reports for native calls and the numbers of the
+# syscalls the filter looks at (:func:`seccomp_program` says what it does with each).  Calls of
+# any other ABI (i386 via int 0x80, x32) are refused wholesale: their numbers differ and Python
+# never uses them.
 _KEYRING = {
-    "x86_64": (0xC000003E, (248, 249, 250)),
+    "x86_64": (0xC000003E, (248, 249, 250)),  # add_key, request_key, keyctl
     "aarch64": (0xC00000B7, (217, 218, 219)),
 }
-_IO_URING = (425, 426, 427)
-_SOCKET = {"x86_64": 41, "aarch64": 198}
+_IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register (the same on every architecture)
+_PROCESS_MADVISE, _CACHESTAT = 440, 451
+_NR = {
+    "x86_64": {"socket": 41, "socketpair": 53, "mincore": 27, "madvise": 28, "readahead": 187,
+               "fadvise64": 221, "remap_file_pages": 216, "sync_file_range": 277, "preadv2": 327,
+               "pwritev2": 328, "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209,
+               "io_cancel": 210, "io_pgetevents": 333},
+    "aarch64": {"socket": 198, "socketpair": 199, "mincore": 232, "madvise": 233, "readahead": 213,
+                "fadvise64": 223, "remap_file_pages": 234, "sync_file_range": 84, "preadv2": 286,
+                "pwritev2": 287, "io_setup": 0, "io_destroy": 1, "io_getevents": 4, "io_submit": 2,
+                "io_cancel": 3, "io_pgetevents": 292},
+}
+#: Syscalls refused outright besides the keyrings and io_uring: every way to drop, probe or
+#: load page-cache pages of a file the run can only read (see :func:`seccomp_program`).
+_PAGE_CACHE_CALLS = ("mincore", "readahead", "fadvise64", "remap_file_pages", "sync_file_range", "io_setup",
+                     "io_destroy", "io_getevents", "io_submit", "io_cancel", "io_pgetevents")
+_SOCKET = {m: nr["socket"] for m, nr in _NR.items()}
 AF_UNIX = 1
+SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
+MADV_COLD, MADV_PAGEOUT = 20, 21
 _X32_BIT = 0x40000000
+#: What the filter refuses, as reported in ``isolation["seccomp"]``.
+SECCOMP_SUMMARY = "keyring+io_uring+af_unix+page_cache+foreign-abi"
 #: Why a run without namespaces is refused, and how to opt in (the CLI flag sets the variable).
 UNSAFE_ENV = "VERISPEC_SANDBOX_UNSAFE_NO_NAMESPACES"
 UNSAFE_FLAG = "--unsafe-sandbox-without-namespaces"
@@ -331,37 +348,89 @@ def drop_privileges(cfg: dict, info: dict) -> None:
     info["uid"] = os.getuid()
 
 
-def seccomp_program(machine: str) -> bytes | None:
-    """Classic-BPF filter (see ``_KEYRING``): EPERM for the keyrings, io_uring, ``socket(AF_UNIX)``
-    and foreign ABIs; everything else allowed."""
+def seccomp_program(machine: str, network: bool = True) -> bytes | None:
+    """Classic-BPF filter; every refusal is ``EPERM``, everything else is allowed.
+
+    * the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): per uid, they would carry
+      data between runs; ``io_uring_*``: its operations (sockets, reads) bypass seccomp;
+    * ``socket(AF_UNIX, ...)``: a pathname Unix socket anywhere visible would be a door out; and
+      ``socketpair(AF_UNIX, ...)`` of any type but ``SOCK_STREAM`` / ``SOCK_SEQPACKET`` (a
+      datagram pair can ``sendto``/``connect`` any visible socket path; a stream or seqpacket
+      pair is connected to itself for life: ``connect`` gives ``EISCONN``, an address on a send
+      is refused or ignored).  Stream pairs stay: ``asyncio`` and ``multiprocessing.Pipe()``
+      need them.  With ``network=False`` (no network namespace) ``socket`` is refused for every
+      family;
+    * the page cache of files the run can only read (the standard library and the libraries
+      bound into its root are the host's own files, shared with every later run): dropping
+      pages (``fadvise64``, ``madvise`` ``MADV_PAGEOUT`` / ``MADV_COLD``, ``process_madvise``),
+      probing them without I/O (``preadv2`` / ``pwritev2`` with any flag -- ``RWF_NOWAIT``
+      answers "not cached" with ``EAGAIN``, ``RWF_DONTCACHE`` drops what it read --, native
+      AIO ``io_*`` with the same flags, ``mincore``, ``cachestat``) and loading them
+      (``readahead``), plus ``remap_file_pages`` and ``sync_file_range``, which Python never
+      calls.  ``preadv2`` without flags (``os.preadv``) and every other ``madvise`` stay.
+    * syscalls of a foreign ABI (their numbers differ).
+    """
     if machine not in _KEYRING:
         return None
     arch, keyring = _KEYRING[machine]
-    denied = (*keyring, *_IO_URING)
-    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    nr = _NR[machine]
+    denied = (*keyring, *_IO_URING, _PROCESS_MADVISE, _CACHESTAT, *(nr[c] for c in _PAGE_CACHE_CALLS))
+    ld_w_abs, jeq_k, jge_k, alu_and_k, ret_k = 0x20, 0x15, 0x35, 0x54, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    # Instructions with symbolic jump targets ("allow" / "deny" / "unix"), resolved below.
+
+    def arg(i: int) -> tuple:  # the low 32 bits of args[i] (little-endian; the kernel reads an int)
+        return (ld_w_abs, 0, 0, 16 + 8 * i)
+
+    # Instructions (code, jt, jf, k) whose jump targets may be labels (str), resolved below;
+    # ("label", name) marks a position and ("ret", name) returns allow/deny.
     prog: list = [(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
                   (jeq_k, 1, 0, arch),
-                  (ret_k, 0, 0, deny),
+                  ("ret", "deny"),
                   (ld_w_abs, 0, 0, 0)]  # seccomp_data.nr
     if machine == "x86_64":
         prog.append((jge_k, "deny", 0, _X32_BIT))
-    prog += [(jeq_k, "deny", 0, nr) for nr in denied]
-    prog += [(jeq_k, 0, "allow", _SOCKET[machine]),
-             (ld_w_abs, 0, 0, 16),  # args[0] (the domain), low 32 bits: the kernel reads an int
-             (jeq_k, "deny", "allow", AF_UNIX),
-             ("allow",), ("deny",)]
-    labels = {"allow": len(prog) - 2, "deny": len(prog) - 1}
-    out = []
-    for pc, ins in enumerate(prog):
-        if len(ins) == 1:
-            out.append(struct.pack("HBBI", ret_k, 0, 0, allow if ins[0] == "allow" else deny))
+    prog += [(jeq_k, "deny", 0, n) for n in denied]
+    prog += [(jeq_k, "socket", 0, nr["socket"]),
+             (jeq_k, "socketpair", 0, nr["socketpair"]),
+             (jeq_k, "rwflags", 0, nr["preadv2"]),
+             (jeq_k, "rwflags", 0, nr["pwritev2"]),
+             (jeq_k, "madvise", "allow", nr["madvise"]),
+             ("label", "madvise"), arg(2),
+             (jeq_k, "deny", 0, MADV_COLD),
+             (jeq_k, "deny", "allow", MADV_PAGEOUT),
+             ("label", "rwflags"), arg(5),  # preadv2(fd, iov, vlen, pos_l, pos_h, flags)
+             (jeq_k, "allow", "deny", 0),
+             ("label", "socketpair"), arg(0),
+             (jeq_k, 0, "allow", AF_UNIX),
+             arg(1), (alu_and_k, 0, 0, SOCK_TYPE_MASK),  # the type without SOCK_NONBLOCK/CLOEXEC
+             (jeq_k, "allow", 0, SOCK_STREAM),
+             (jeq_k, "allow", "deny", SOCK_SEQPACKET),
+             ("label", "socket")]
+    if network:
+        prog += [arg(0), (jeq_k, "deny", "allow", AF_UNIX)]
+    else:
+        prog += [("ret", "deny")]
+    prog += [("label", "allow"), ("ret", "allow"), ("label", "deny"), ("ret", "deny")]
+    labels, pc = {}, 0
+    for ins in prog:
+        if ins[0] == "label":
+            labels[ins[1]] = pc
+        else:
+            pc += 1
+    out, pc = [], 0
+    for ins in prog:
+        if ins[0] == "label":
             continue
-        code, jt, jf, k = ins
-        jt = labels[jt] - pc - 1 if isinstance(jt, str) else jt
-        jf = labels[jf] - pc - 1 if isinstance(jf, str) else jf
-        out.append(struct.pack("HBBI", code, jt, jf, k))
+        if ins[0] == "ret":
+            out.append(struct.pack("HBBI", ret_k, 0, 0, allow if ins[1] == "allow" else deny))
+        else:
+            code, jt, jf, k = ins
+            jt = labels[jt] - pc - 1 if isinstance(jt, str) else jt
+            jf = labels[jf] - pc - 1 if isinstance(jf, str) else jf
+            if not (0 <= jt < 256 and 0 <= jf < 256):
+                raise ValueError("seccomp jump out of range")
+            out.append(struct.pack("HBBI", code, jt, jf, k))
+        pc += 1
     return b"".join(out)
 
 
@@ -373,7 +442,7 @@ def lock_down(info: dict) -> None:
         return
     if lib.prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) == 0:
         info["no_new_privs"] = True
-    code = seccomp_program(platform.machine())
+    code = seccomp_program(platform.machine(), network=info["netns"])
     if code is None:
         info["warnings"].append(f"seccomp: no filter for {platform.machine()}")
         return
@@ -381,7 +450,7 @@ def lock_down(info: dict) -> None:
     fprog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))
     fbuf = ctypes.create_string_buffer(fprog, len(fprog))
     if lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fbuf), 0, 0) == 0:
-        info["seccomp"] = "keyring+io_uring+af_unix+foreign-abi"
+        info["seccomp"] = SECCOMP_SUMMARY if info["netns"] else SECCOMP_SUMMARY + "+all_sockets"
     else:
         info["warnings"].append(f"seccomp: {os.strerror(ctypes.get_errno())}")
 
@@ -515,8 +584,11 @@ def main() -> None:
     info["setup_s"] = round(time.perf_counter() - t0, 4)
     argv = [python, "-I", "-B"]
     if not info["netns"] or not info["mountns"]:
-        argv.append(cfg["hook_name"])
+        # -S: no site, so no site-packages (the grader's own environment holds the answers) and no
+        # .pth file's code; the import system sees the standard library and the run directory only.
+        argv += ["-S", cfg["hook_name"]]
         info["audit_hook"] = True
+        info["site_packages"] = False
     argv += cfg["argv"]
     env = dict(cfg["env"], HOME=work, TMPDIR=work)
     try:

@@ -10,10 +10,16 @@ Two layouts are handled:
 
 * **cgroup v2** (``cgroup2`` mounted, typically ``/sys/fs/cgroup``): a group under the caller's
   own group (or the root) whose ``cgroup.subtree_control`` has ``memory`` and ``pids``;
-  ``memory.max``, ``memory.swap.max = 0``, ``pids.max``.
-* **cgroup v1** (separate ``memory`` and ``pids`` hierarchies, and ``freezer`` where mounted):
-  one group in each; ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap
-  accounting exists), ``pids.max``.
+  ``memory.max``, ``memory.swap.max = 0``, ``pids.max``; with the ``cpu`` controller also
+  ``cpu.max`` = one core (:data:`CPU_PERIOD_US` of every period); CPU time from ``cpu.stat``.
+* **cgroup v1** (``memory`` and ``pids`` hierarchies, and ``freezer``, ``cpu`` and ``cpuacct``
+  where mounted, separately or together): one group in each; ``memory.limit_in_bytes`` (and
+  ``memory.memsw.limit_in_bytes`` where swap accounting exists), ``pids.max``,
+  ``cpu.cfs_quota_us`` = ``cpu.cfs_period_us`` (one core); CPU time from ``cpuacct.usage``.
+
+Memory and pids are required; the CPU quota and the CPU-time accounting are not: without them
+:attr:`RunCgroup.cpu_quota` / :meth:`RunCgroup.cpu_seconds` are ``None`` and
+:attr:`RunCgroup.cpu_missing` says why (the runner reports it in the run's isolation info).
 
 :meth:`RunCgroup.kill_all` kills every process of the run, wherever it went (``setsid()``, a
 double fork, another process group): v2 writes ``cgroup.kill``; v1 freezes the group (freezer),
@@ -39,6 +45,8 @@ _MOUNTS = "/proc/self/mountinfo"
 #: A run's group is named after the grader's pid, so leftovers of a grader that died can be told
 #: from groups of live ones (:func:`sweep_stale`).
 _NAME_RE = re.compile(r"^verispec-sbx-(\d+)-[0-9a-f]+$")
+#: The CFS period of a run's CPU quota; the quota is the same (one core's worth of CPU time).
+CPU_PERIOD_US = 100_000
 
 
 @dataclass
@@ -47,6 +55,30 @@ class RunCgroup:
     dirs: list[str]  # the group's directory in each hierarchy
     procs: list[str] = field(default_factory=list)  # the cgroup.procs files to join
     freezer: str | None = None  # v1: the run's freezer group, if that hierarchy is mounted
+    #: Cores' worth of CPU the run may use at once (1.0), or ``None`` without a cpu controller.
+    cpu_quota: float | None = None
+    #: The file holding the run's CPU time over all its processes (v1 ``cpuacct.usage``, ns; v2
+    #: ``cpu.stat``, ``usage_usec``), or ``None`` without one.
+    cpu_usage_file: str | None = None
+    #: Why the CPU quota or accounting is missing ("" when both are in place).
+    cpu_missing: str = ""
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds used so far by every process of the run together (``None``: not accounted)."""
+        if self.cpu_usage_file is None:
+            return None
+        try:
+            with open(self.cpu_usage_file) as f:
+                text = f.read()
+            if self.kind == "v1":
+                return int(text) / 1e9
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
 
     def pids(self) -> list[int]:
         """The processes still in the group (any hierarchy: every process of the run is in all)."""
@@ -194,46 +226,81 @@ def _try_v2(mnt: str, own: str, name: str, memory: int, pids: int) -> RunCgroup:
         except OSError:
             os.rmdir(d)
             raise
-        return RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")])
+        group = RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")])
+        # cpu.stat's usage_usec is kept in every v2 group; the quota needs the cpu controller.
+        group.cpu_usage_file = os.path.join(d, "cpu.stat")
+        try:
+            if "cpu" not in available:
+                raise OSError(f"controllers {available} lack cpu")
+            if "cpu" not in enabled:
+                _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
+            _write(os.path.join(d, "cpu.max"), f"{CPU_PERIOD_US} {CPU_PERIOD_US}")
+            group.cpu_quota = 1.0
+        except OSError as e:
+            group.cpu_missing = f"no CPU quota (cgroup v2 cpu controller at {parent}: {e})"
+        return group
     raise OSError("; ".join(errors))
 
 
+def _v1_group(mounts, own: dict[str, str], name: str, ctrl: str, made: dict[str, str]) -> str:
+    """The run's group in the v1 hierarchy holding ``ctrl`` (made once per hierarchy: controllers
+    may be mounted together, e.g. ``cpu,cpuacct``)."""
+    mnt = next((m for m, fs, opts in mounts if fs == "cgroup" and ctrl in opts), None)
+    if mnt is None:
+        raise OSError(f"no cgroup v1 {ctrl} hierarchy")
+    if mnt not in made:
+        d = os.path.join(mnt, own.get(ctrl, "/").lstrip("/"), name)
+        os.mkdir(d)
+        made[mnt] = d
+    return made[mnt]
+
+
 def _try_v1(mounts, own: dict[str, str], name: str, memory: int, pids: int) -> RunCgroup:
-    made: list[str] = []
+    made: dict[str, str] = {}  # mount point -> the run's group there
     try:
-        for ctrl in ("memory", "pids"):
-            mnt = next((m for m, fs, opts in mounts if fs == "cgroup" and ctrl in opts), None)
-            if mnt is None:
-                raise OSError(f"no cgroup v1 {ctrl} hierarchy")
-            d = os.path.join(mnt, own.get(ctrl, "/").lstrip("/"), name)
-            os.mkdir(d)
-            made.append(d)
-            if ctrl == "memory":
-                _write(os.path.join(d, "memory.limit_in_bytes"), str(memory))
-                try:
-                    _write(os.path.join(d, "memory.memsw.limit_in_bytes"), str(memory))
-                except OSError:
-                    pass  # no swap accounting
-            else:
-                _write(os.path.join(d, "pids.max"), str(pids))
-    except OSError:
-        for d in made:
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
-        raise
-    group = RunCgroup("v1", made, [os.path.join(d, "cgroup.procs") for d in made])
-    mnt = next((m for m, fs, opts in mounts if fs == "cgroup" and "freezer" in opts), None)
-    if mnt is not None:
-        d = os.path.join(mnt, own.get("freezer", "/").lstrip("/"), name)
+        d = _v1_group(mounts, own, name, "memory", made)
+        _write(os.path.join(d, "memory.limit_in_bytes"), str(memory))
         try:
-            os.mkdir(d)
-            group.freezer = d
-            group.procs.append(os.path.join(d, "cgroup.procs"))
+            _write(os.path.join(d, "memory.memsw.limit_in_bytes"), str(memory))
         except OSError:
-            pass  # no freezer: kill_all loops instead
+            pass  # no swap accounting
+        _write(os.path.join(_v1_group(mounts, own, name, "pids", made), "pids.max"), str(pids))
+    except OSError:
+        _rmdirs(made.values())
+        raise
+    group = RunCgroup("v1", [], [])
+    missing = []
+    try:
+        d = _v1_group(mounts, own, name, "cpu", made)
+        _write(os.path.join(d, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+        _write(os.path.join(d, "cpu.cfs_quota_us"), str(CPU_PERIOD_US))
+        group.cpu_quota = 1.0
+    except OSError as e:
+        missing.append(f"no CPU quota (cgroup v1 cpu: {e})")
+    try:
+        d = _v1_group(mounts, own, name, "cpuacct", made)
+        group.cpu_usage_file = os.path.join(d, "cpuacct.usage")
+        if not os.path.exists(group.cpu_usage_file):
+            raise OSError(f"{group.cpu_usage_file} is missing")
+    except OSError as e:
+        group.cpu_usage_file = None
+        missing.append(f"no CPU time over the whole run (cgroup v1 cpuacct: {e})")
+    group.cpu_missing = "; ".join(missing)
+    try:
+        group.freezer = _v1_group(mounts, own, name, "freezer", made)
+    except OSError:
+        pass  # no freezer: kill_all loops instead
+    group.dirs = [d for d in made.values() if d != group.freezer]
+    group.procs = [os.path.join(d, "cgroup.procs") for d in made.values()]
     return group
+
+
+def _rmdirs(dirs) -> None:
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def pid_alive(pid: int) -> bool:
@@ -255,8 +322,8 @@ def sweep_stale() -> list[str]:
         if fs == "cgroup2":
             parents.update((os.path.join(mnt, own.get("", "/").lstrip("/")), mnt))
         else:
-            parents.update(os.path.join(mnt, own.get(c, "/").lstrip("/")) for c in ("memory", "pids", "freezer")
-                           if c in opts)
+            parents.update(os.path.join(mnt, own.get(c, "/").lstrip("/"))
+                           for c in ("memory", "pids", "freezer", "cpu", "cpuacct") if c in opts)
     removed = []
     for parent in sorted(parents):
         try:

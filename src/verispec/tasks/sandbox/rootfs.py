@@ -28,6 +28,7 @@ import shutil
 import struct
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 
 #: Directories hidden (empty read-only tmpfs) when found directly inside a bound directory.
@@ -159,3 +160,47 @@ def elf_interpreter(path: str) -> str | None:
     except (OSError, struct.error, UnicodeDecodeError):
         return None
     return None
+
+
+#: Seconds between two warmings of a root's files (:func:`warm_page_cache`).
+WARM_EVERY_S = 60.0
+_WARMED: dict[RootPlan, float] = {}
+
+
+def warm_page_cache(root: RootPlan) -> float | None:
+    """Read every file the minimal root shows into the page cache, at most once per
+    :data:`WARM_EVERY_S` per root; returns the seconds it took, or ``None`` when not due.
+
+    The page cache of these files is the one piece of host state a run can touch: a run cannot
+    drop a page (seccomp refuses every evictor, see :func:`.bootstrap.seccomp_program`), but it
+    can load a cold one by reading it, and a later run could see which (fault-around in
+    ``/proc/self/pagemap``, or the time a read takes).  With every page already cached there is
+    nothing left to load, so no run can leave a mark there for another.
+    """
+    now = time.monotonic()
+    with _LOCK:
+        last = _WARMED.get(root)
+        if last is not None and now - last < WARM_EVERY_S:
+            return None
+        _WARMED[root] = now
+    t0 = time.perf_counter()
+    buf = bytearray(1 << 20)
+    masks = root.masks
+    paths = list(root.files)
+    for top in root.dirs:
+        for parent, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if os.path.join(parent, d) not in masks]
+            paths += [os.path.join(parent, f) for f in files]
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # a symbolic link (its target is listed too), a socket, gone
+        try:
+            while os.readv(fd, [buf]) == len(buf):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0

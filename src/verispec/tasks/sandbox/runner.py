@@ -27,12 +27,38 @@ from pathlib import Path
 from . import bootstrap, cgroup, rootfs
 from .watch import MAX_LINE_BYTES, MAX_REPORT_BYTES, drain, kill_run, watch
 
+UID_BASE_ENV = "VERISPEC_SANDBOX_UID_BASE"
+#: How many uids the per-run range holds, and where it starts unless ``$VERISPEC_SANDBOX_UID_BASE``
+#: says otherwise.
+UID_COUNT, DEFAULT_UID_BASE = 1 << 24, 1_900_000_000
+#: Highest uid the range may reach: below 2**32 - 1 (``(uid_t) -1`` means "unchanged" to
+#: ``setresuid``) and clear of the overflow uid 65534 at the bottom.
+_UID_MAX = (1 << 32) - 2
+
+
+def _uid_range(text: str | None) -> tuple[tuple[int, int], str]:
+    """The per-run uid range for the value of ``$VERISPEC_SANDBOX_UID_BASE`` (``None``: unset),
+    and why that value is refused ("" when it is fine; the default range is then returned)."""
+    default = (DEFAULT_UID_BASE, DEFAULT_UID_BASE + UID_COUNT)
+    if text is None:
+        return default, ""
+    lo, hi = 65536, _UID_MAX - UID_COUNT + 1
+    try:
+        base = int(text.strip(), 10)
+    except ValueError:
+        base = None
+    if base is None or not lo <= base <= hi:
+        return default, (f"{UID_BASE_ENV}={text!r} is not a valid uid base: it must be a whole number from "
+                         f"{lo} to {hi} (the first of {UID_COUNT} uids given to sandbox runs); unset it to "
+                         f"use {DEFAULT_UID_BASE}")
+    return (base, base + UID_COUNT), ""
+
+
 #: Started by root, each run gets a uid (and gid) of its own, drawn from this range and used by
-#: no running process: runs cannot signal, trace or write each other's files.
-SANDBOX_UID_RANGE = (
-    int(os.environ.get("VERISPEC_SANDBOX_UID_BASE", "1900000000")),
-    int(os.environ.get("VERISPEC_SANDBOX_UID_BASE", "1900000000")) + (1 << 24),
-)
+#: no running process: runs cannot signal, trace or write each other's files.  A bad
+#: ``$VERISPEC_SANDBOX_UID_BASE`` leaves the default range here and refuses every run
+#: (:data:`UID_BASE_ERROR`, status ``"error"``), so :func:`refusal` names it.
+SANDBOX_UID_RANGE, UID_BASE_ERROR = _uid_range(os.environ.get(UID_BASE_ENV))
 #: Bytes of stdout/stderr kept in a :class:`SandboxResult` (head + tail when longer).
 MAX_CAPTURE_BYTES = 1 << 20
 UNSAFE_ENV, UNSAFE_FLAG = bootstrap.UNSAFE_ENV, bootstrap.UNSAFE_FLAG
@@ -62,12 +88,15 @@ class SandboxResult:
     duration_s: float
     #: What containment was actually in effect (filled in by the bootstrap), e.g.
     #: ``{"netns": True, "ipcns": True, "pidns": True, "mountns": True, "root_fs": "minimal",
-    #: "cgroup": "v1", "seccomp": "keyring+io_uring+af_unix+foreign-abi", "uid": 1904711563,
-    #: "audit_hook": False, "masked": [...], ...}``.
+    #: "cgroup": "v1", "cpu_quota": 1.0, "seccomp": "keyring+io_uring+af_unix+page_cache+foreign-abi",
+    #: "uid": 1904711563, "audit_hook": False, "masked": [...], ...}``.
     isolation: dict = field(default_factory=dict)
     #: Why the parent stopped the run, when it did so for the report channel (e.g. a line over
-    #: ``max_line_bytes``); empty otherwise.
+    #: ``max_line_bytes``) or for its CPU time; empty otherwise.
     detail: str = ""
+    #: CPU seconds (user + system) used by every process of the run together, from its cgroup;
+    #: ``None`` where the cgroup gives no CPU accounting (``isolation["cpu_fallback"]`` says why).
+    cpu_s: float | None = None
 
 
 # -------------------------------------------------------------------------------- helpers
@@ -285,6 +314,7 @@ def _run(
     on_report: ReportHandler | None = None,
     first_report_s: float | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    cpu_limit_s: float | None = None,
 ) -> SandboxResult:
     """Run ``main`` (a file among ``files``) in the sandbox.
 
@@ -293,6 +323,12 @@ def _run(
     (``RLIMIT_AS``), ``max_procs`` processes, ``max_file_mb`` per written file and for stdout /
     stderr each, ``max_disk_mb`` for the run directory and ``/dev/shm`` each, ``max_open_files``
     descriptors per process.  ``max_output_bytes`` of stdout/stderr are kept (head + tail).
+
+    CPU: the run as a whole gets one core's worth (a cgroup CPU quota), and ``cpu_limit_s``
+    (default ``timeout_s``) CPU seconds over all its processes together: past it the run is
+    killed, status ``"timeout"`` with :attr:`SandboxResult.detail` saying so.  The CPU seconds it
+    used are :attr:`SandboxResult.cpu_s`.  Without a cpu cgroup controller (or CPU accounting)
+    each process still has ``RLIMIT_CPU``, and ``isolation["cpu_fallback"]`` says what is missing.
 
     Report channel: with ``on_report``, the program finds a write-only pipe at the descriptor
     named by ``$VERISPEC_REPORT_FD``; each line it writes there is passed to ``on_report``,
@@ -325,6 +361,12 @@ def _run(
         raise ValueError(f"first_report_s must be positive, got {first_report_s!r}")
     if not (isinstance(max_line_bytes, int) and max_line_bytes > 0):
         raise ValueError(f"max_line_bytes must be a positive int, got {max_line_bytes!r}")
+    if cpu_limit_s is None:
+        cpu_limit_s = timeout_s
+    if isinstance(cpu_limit_s, bool) or not isinstance(cpu_limit_s, (int, float)) or not cpu_limit_s > 0:
+        raise ValueError(f"sandbox limit cpu_limit_s must be a positive number, got {cpu_limit_s!r}")
+    if UID_BASE_ERROR and os.geteuid() == 0:
+        return SandboxResult("error", None, "", f"{bootstrap.SETUP_MARK} {UID_BASE_ERROR}", 0.0)
     t0 = time.monotonic()
     python = _python_for_sandbox()
     is_root = os.geteuid() == 0
@@ -355,6 +397,8 @@ def _run(
             with open(os.path.join(inputs, name), "wb") as f:
                 f.write(data.encode("utf-8") if isinstance(data, str) else bytes(data))
         plan = rootfs.plan(python) if namespaces else None
+        if plan is not None:
+            rootfs.warm_page_cache(plan)
         memory_bytes = int(memory_mb) << 20
         group, why_no_cgroup = cgroup.create(memory_bytes, int(max_procs)) if linux else (None, "not Linux")
         uid, gid = _fresh_ids() if is_root else (os.getuid(), os.getgid())
@@ -435,16 +479,26 @@ def _run(
             if go_w is not None:
                 opened.remove(go_w)
                 _attach(group, proc, go_w)
+        budget = _CpuBudget(group, float(cpu_limit_s)) if group is not None and proc is not None else None
         try:
             outcome = watch(proc, timeout_s, info_r, info_buf, rep_r, req_w, on_report, first_report_s,
                              max_line_bytes)
         finally:
+            if budget is not None:
+                budget.stop()  # before kill_run: one killer of the group at a time
             kill_run(proc, _parse_info(bytes(info_buf)), group)
         rc = proc.returncode
         info.update(_parse_info(bytes(info_buf) + drain(info_r)))
         if group is None:
             info["cgroup"] = None
             info["cgroup_fallback"] = f"per-process RLIMIT_AS and per-uid RLIMIT_NPROC ({why_no_cgroup})"
+        info["cpu_quota"] = group.cpu_quota if group else None
+        cpu_used = group.cpu_seconds() if group else None
+        if group is None or group.cpu_missing:
+            info["cpu_fallback"] = ("per-process RLIMIT_CPU only: "
+                                    + (group.cpu_missing if group else f"no cgroup ({why_no_cgroup})"))
+        if budget is not None and budget.exceeded:
+            outcome = "cpu"
         duration = time.monotonic() - t0
         stdout, stderr = _read_capped(out_path, max_output_bytes), _read_capped(err_path, max_output_bytes)
         oom = group.oom_killed() if group else False
@@ -462,9 +516,11 @@ def _run(
         remove_tree(base)
     _warn_if_degraded(info)
     detail = {"overflow": f"report channel overflow: a line over {max_line_bytes} bytes or over "
-                          f"{MAX_REPORT_BYTES} bytes in all"}.get(outcome, "")
+                          f"{MAX_REPORT_BYTES} bytes in all",
+              "cpu": f"CPU time limit exceeded: {cpu_limit_s:g} s over every process of the run together"
+              }.get(outcome, "")
     return SandboxResult(_status(outcome, rc, stderr, duration, oom, cfg["cpu_s"]), rc, stdout, stderr, duration, info,
-                         detail)
+                         detail, None if cpu_used is None else round(cpu_used, 4))
 
 
 _log = logging.getLogger("verispec.sandbox")
@@ -480,8 +536,10 @@ def _warn_if_degraded(info: dict) -> None:
         notes.append(f"no namespaces ({UNSAFE_FLAG}): no minimal root, IPC or PID isolation; programs can "
                      "read every world-readable file and run under the in-interpreter audit hook only ("
                      + "; ".join(info.get("warnings", [])) + ")")
+    if "cpu_fallback" in info and "cgroup_fallback" not in info:
+        notes.append("no CPU quota or CPU time over the whole run: " + info["cpu_fallback"])
     if "pid1" in info and info.get("seccomp") is None:
-        notes.append("no seccomp filter: keyring, io_uring and AF_UNIX socket calls are not denied")
+        notes.append("no seccomp filter: keyring, io_uring, AF_UNIX socket and page-cache calls are not denied")
     for note in notes:
         if note not in _WARNED:
             _WARNED.add(note)
@@ -509,10 +567,44 @@ def _attach(group: cgroup.RunCgroup, proc: subprocess.Popen | None, go_w: int) -
         os.close(go_w)
 
 
+class _CpuBudget:
+    """Kills the run once its processes together have used ``limit_s`` CPU seconds (read from the
+    run's cgroup every :data:`CPU_POLL_S`); a thread of its own, which alone sets ``exceeded``
+    and alone kills the group until :meth:`stop` has joined it."""
+
+    def __init__(self, group: cgroup.RunCgroup, limit_s: float):
+        self.group, self.limit_s, self.exceeded = group, limit_s, False
+        self._done = threading.Event()
+        self._thread = None
+        if group.cpu_seconds() is not None:
+            self._thread = threading.Thread(target=self._watch, name="verispec-sandbox-cpu", daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(CPU_POLL_S):
+            used = self.group.cpu_seconds()
+            if used is not None and used > self.limit_s:
+                self.exceeded = True
+                self.group.kill_all()
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+#: How often a run's CPU time is read from its cgroup: with the one-core quota, it overshoots
+#: its CPU limit by at most about this much.
+CPU_POLL_S = 0.05
+
+
 def _status(outcome: str, rc: int | None, stderr: str, duration: float, oom: bool, cpu_s: int) -> str:
     last = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "")
     if outcome in ("timeout", "stopped"):
         return outcome
+    if outcome == "cpu":
+        return "timeout"
     if outcome == "overflow":
         return "failed"
     if rc == 0:
