@@ -75,6 +75,12 @@ def test_speed_only_problems_are_never_graded(tmp_path):
     problem = load_dataset("spec_bench", data_dir=_write_questions(tmp_path), limit=1).problems[0]
     verdict = check(problem, "any text at all")
     assert (verdict.correct, verdict.extracted, verdict.detail) == (False, None, NOT_GRADED)
+    # any JSONL of prompts is speed-only with --checker speed: no answer field needed
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "Say hi."}\n{"text": "Count to 3."}\n')
+    loaded = load_dataset(str(prompts), question_field="text", checker="speed")
+    assert [(p.id, p.prompt, p.checker, p.answer) for p in loaded.problems] == [
+        ("0", "Say hi.", "speed", None), ("1", "Count to 3.", "speed", None)]
 
 
 def test_speedup_is_the_ratio_of_pooled_rates():
@@ -160,3 +166,15 @@ def test_spec_bench_rows_and_table_give_the_measured_speedups(tmp_path):
     assert cells[8].startswith("2.67×") and cells[9] == "4.00" and cells[10] == "4.20"
     assert "## spec_bench:writing" not in md                                     # no accuracy sections
     assert (tmp_path / "report" / "spec_bench.png").stat().st_size > 1000
+
+
+def test_the_bench_plans_a_target_only_run_and_each_rule_per_category(tmp_path):
+    from verispec.bench.runner import Bench, BenchConfig
+
+    cfg = BenchConfig(datasets=["spec_bench"], data_dir=str(_write_questions(tmp_path)), limit=2,
+                      rules=["lossless", "lenience:ell=0.5"], out=str(tmp_path / "out"))
+    plan = Bench(cfg, progress=False).plan()
+    by_dataset = {}
+    for run in plan:
+        by_dataset.setdefault(run.key.dataset, set()).add(run.key.role)
+    assert by_dataset == {f"spec_bench:{c}": {"target_only", "lossless_ref", "method"} for c in CATEGORIES}

@@ -29,7 +29,7 @@ import itertools
 import json
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from verispec import rules as rule_registry
@@ -329,7 +329,9 @@ class Bench:
         if check_models:
             check_model_sources(self.cfg, need_draft=bool(self.cfg.rules or self.cfg.lossless_ref))
         draft_name = model_label(self.cfg.draft, "draft") + ("+lookup" if self.cfg.lookup else "")
-        return plan_runs(self.cfg, draft_name, model_label(self.cfg.target, "target"))
+        # the datasets as loaded: Spec-Bench's name stands for its categories, each a dataset of its own
+        datasets = replace(self.cfg, datasets=list(self.problems))
+        return plan_runs(datasets, draft_name, model_label(self.cfg.target, "target"))
 
     def run(self) -> Path:
         plan = self.plan()

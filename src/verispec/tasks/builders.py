@@ -279,12 +279,6 @@ def build_custom(row: dict, ctx: BuildContext) -> Problem:
     if checker in ("code", "bfcl"):
         raise BadRow(f"checker {checker!r} needs a HumanEval/EvalPlus/BFCL-format file, not a field mapping")
     question = required_field(row, m.get("question_field") or "question", str)
-    af = m.get("answer_field") or "answer"
-    if not isinstance(row, dict) or af not in row or row[af] is None:
-        raise BadRow(f"missing field {af!r}")
-    raw = row[af]
-    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-        raise BadRow(f"field {af!r} has type {type(raw).__name__}, expected str/int/float")
     idf = m.get("id_field")
     if idf:
         if idf not in row or not isinstance(row[idf], (str, int)):
@@ -292,6 +286,14 @@ def build_custom(row: dict, ctx: BuildContext) -> Problem:
         pid = str(row[idf])
     else:
         pid = str(ctx.index)
+    if checker == "speed":      # timed, never graded: the question as it is, no answer field
+        return Problem(ctx.dataset, pid, question, None, "speed", {})
+    af = m.get("answer_field") or "answer"
+    if not isinstance(row, dict) or af not in row or row[af] is None:
+        raise BadRow(f"missing field {af!r}")
+    raw = row[af]
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise BadRow(f"field {af!r} has type {type(raw).__name__}, expected str/int/float")
     meta: dict = {}
     if checker == "gsm8k":
         gold = gsm8k_gold(raw) if isinstance(raw, str) and "####" in raw else str(raw).replace(",", "").strip()
