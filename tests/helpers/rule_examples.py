@@ -57,6 +57,10 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "mentored": ["mentored:D=0.05", "mentored:D=0.3", "mentored:D=2", "mentored:alpha=0.4", "mentored:alpha=0",
                  "mentored:alpha=1", "mentored:D=0"],
+    "cactus": ["cactus:delta=1", "cactus:delta=0.05", "cactus:delta=0.3", "cactus:delta=20",
+               "cactus:delta=0"],           # 0: lossless SD
+    "logit_compare": ["logit_compare", "logit_compare:eps=0.5", "logit_compare:eps=3"],
+    "reject_to_p": ["reject_to_p"],
 }
 
 #: Other spellings of a spec and the canonical spec they build.
@@ -72,6 +76,8 @@ SPELLINGS = [
     ("mentored:D=0.2,alpha=none", "mentored:D=0.2"), ("mentored:alpha=0.35", "mentored:alpha=0.35"),
     ("cascade:alpha=0.5", "cascade:rule=token_v3,alpha=0.5"),
     ("speccascade:0.3", "speccascade:p_base=0.3"), ("typical:0.2,0.5", "typical:eps=0.2,delta=0.5"),
+    ("cactus:0.5", "cactus:delta=0.5"), ("CACTUS:Delta=2", "cactus:delta=2"),
+    ("logit_compare", "logit_compare:eps=1e-05"), ("logit-compare:0.25", "logit_compare:eps=0.25"),
 ]
 
 #: Every registered rule -> specs the registry refuses, with the message they must raise.
@@ -146,6 +152,15 @@ BAD_PARAMETERS: dict[str, list[tuple[str, str]]] = {
                  ("mentored:alpha=half", "alpha must be a number with 0 <= alpha <= 1"),
                  ("mentored:D=0.1,alpha=0.5", "either D .* or alpha .*not both"),
                  ("mentored:budget=0.1", "unknown parameter 'budget'; valid parameters: D, alpha")],
+    "cactus": [("cactus", "missing required parameter.*delta.*e.g. cactus:delta=1"),
+               ("cactus:delta=-0.1", "delta must be a number >= 0"),
+               ("cactus:delta=nan", "delta must be a number >= 0"),
+               ("cactus:delta=inf", "delta must be a number >= 0"), ("cactus:delta=big", "delta must be"),
+               ("cactus:alpha=0.5", "unknown parameter 'alpha'; valid parameters: delta")],
+    "logit_compare": [("logit_compare:eps=-1", "eps must be a number >= 0"),
+                      ("logit_compare:eps=inf", "eps must be a number >= 0"),
+                      ("logit_compare:margin=0.1", "unknown parameter 'margin'; valid parameters: eps")],
+    "reject_to_p": [("reject_to_p:x=1", "reject_to_p takes no parameters")],
 }
 
 #: Every registered rule with parameters -> keyword arguments its builder (``REGISTRY[name].build``: the rule's
@@ -176,6 +191,10 @@ CONSTRUCTOR_CHECKS: dict[str, list[tuple[dict, str]]] = {
                  ({"tau": 0.5, "on": "raw_logits"}, "kl_judge: on must be one of processed, raw")],
     "mentored": [({"D": -1.0}, "mentored: D must be a number >= 0"), ({"D": "0.1"}, "mentored: D must be"),
                  ({"alpha": 2.0}, "mentored: alpha must be"), ({"D": 0.1, "alpha": 0.5}, "not both")],
+    "cactus": [({"delta": -1.0}, "cactus: delta must be a number >= 0"), ({"delta": "0.5"}, "cactus: delta must be"),
+               ({"delta": True}, "cactus: delta must be")],
+    "logit_compare": [({"eps": -0.5}, "logit_compare: eps must be a number >= 0"),
+                      ({"eps": float("nan")}, "logit_compare: eps must be")],
 }
 
 #: Chain-semantics regimes (first position, second position) where the default (dense, tail_overshoot) would

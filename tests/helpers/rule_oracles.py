@@ -159,4 +159,13 @@ def acceptance_oracle(rule, p: np.ndarray, q: np.ndarray, raw: tuple[np.ndarray,
             alpha = kw["alpha"]
             return float(np.where(p > 0, np.minimum(q, p / alpha if alpha > 0 else np.inf), 0.0).sum())
         return 1 - tv(p, q) if kw["D"] == 0 else _mentored_budget_acceptance(p, q, kw["D"])
+    if name == "cactus":                                # Σ q·min(1, t/q), t = the raised target probability
+        t = np.minimum(1.0, p + np.sqrt(2 * kw["delta"] * p * (1 - p)))
+        return float(np.minimum(q, t).sum())
+    if name == "logit_compare":                         # accept iff log q(x) <= log p(x) + eps
+        with np.errstate(divide="ignore"):
+            keep = (p > 0) & (q > 0) & (np.log(q) <= np.log(p) + kw["eps"])
+        return _set_mass(q, keep)
+    if name == "reject_to_p":
+        return 1 - tv(p, q)
     raise KeyError(f"no acceptance oracle for rule {name!r}: add one to tests/helpers/rule_oracles.py")

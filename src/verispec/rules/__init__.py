@@ -14,13 +14,14 @@ Every registered rule, grouped by its place in the taxonomy, with its law and tr
   ``relaxed:top_k,delta``, ``bild:alpha`` — law q·1_A + (1−q(A))·p, baseline p_A (the target sampled
   with the same truncation); ``sglang:single,acc`` — Σ_c q(c)[h(c)δ_c + (1−h(c))·p₋c], baseline p;
 * collaborative: ``lenience:ell``, ``ceiling:kappa,base=p|we|cd``, ``cos_we:lam``, ``cos_cd:mu``,
-  ``hf_ensemble:weight``, ``mentored:D`` / ``mentored:alpha`` — eq. (2.3), norm(min(π, κp)),
-  λp + (1−λ)q, π_CD, clip(q, p/β, p/α); baseline p (CoS: its own target π on request);
+  ``hf_ensemble:weight``, ``mentored:D`` / ``mentored:alpha``, ``cactus:delta`` — eq. (2.3), norm(min(π, κp)),
+  λp + (1−λ)q, π_CD, clip(q, p/β, p/α), Cactus's law (§2.6); baseline p (CoS: its own target π on request);
 * deferral: ``cascade:rule=…,alpha``, ``fuzzy:T,div,on``, ``kl_judge:tau,confident,div,reject`` — π, or
   q where a divergence gate opens and p (or SD) elsewhere; baseline p_A (token_v3) or p;
 * other: ``hsd_uncapped_final``, ``hsd_mincap:ell``, ``hsd_nocap:ell``, ``fly:theta,window``
   (sequence-level: exact block laws on toy models in :mod:`verispec.rules.block_law`), ``judge:name``
-  (q·h + (1−β)·p); baseline p.
+  (q·h + (1−β)·p), ``logit_compare:eps`` (q·1[q <= e^ε p] + (1−β)·δ_argmax p), ``reject_to_p`` (a known wrong
+  implementation: min(p, q) + d(p, q)·p); baseline p.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ from collections.abc import Callable
 from verispec.params import Param, parse_settings
 from verispec.rules.base import ExactTargetRule, InducedForm, PerTokenRule, Rule
 from verispec.rules.block import BlockVerification
+from verispec.rules.cactus import Cactus
 from verispec.rules.collaborative import CeilingOnEnsemble, CosCD, CosWE, Lenience, make_ceiling
 from verispec.rules.divergence import Fuzzy, KLJudge
 from verispec.rules.fly import FLy
 from verispec.rules.hsd import HSD
 from verispec.rules.hsd_variants import HSDMinCap, HSDNoCap, HSDUncappedFinal
 from verispec.rules.judge import JudgeRule, registered_judge
+from verispec.rules.logit_compare import LogitCompare
 from verispec.rules.lossless import Greedy, Lossless
 from verispec.rules.mentored import Mentored
 from verispec.rules.shipped import WEIGHT, SGLangThresholds, Strict, hf_ensemble
 from verispec.rules.truncation import BiLD, Cascade, Relaxed, SpecCascade, Truncation, Typical
+from verispec.rules.wrong import RejectToP
 
 __all__ = [
     "Rule", "PerTokenRule", "ExactTargetRule", "InducedForm", "get", "names", "split_specs", "REGISTRY", "help_text",
@@ -77,6 +81,10 @@ REGISTRY: dict[str, _Entry] = {
     "fuzzy": _Entry(Fuzzy, Fuzzy.PARAMS, "fuzzy SD: accept any draft where D(p, q) <= T, else sample p"),
     "kl_judge": _Entry(KLJudge, KLJudge.PARAMS, "accept any draft where KL < τ; SD where max p > confident"),
     "mentored": _Entry(Mentored, Mentored.PARAMS, "mentored decoding: most acceptance with KL(p‖π) <= D (or fixed α)"),
+    "cactus": _Entry(Cactus, Cactus.PARAMS, "Cactus: verify against p raised at the draft to p + sqrt(2δp(1-p))"),
+    "logit_compare": _Entry(LogitCompare, LogitCompare.PARAMS,
+                            "Modular MAX logit comparison: accept iff log q <= log p + eps, else argmax p"),
+    "reject_to_p": _Entry(RejectToP, (), "WRONG (Spec-RL issue 14): accept min(1, p/q), rejection samples p (lossy)"),
 }
 
 
@@ -147,4 +155,5 @@ _EXAMPLES = {
     "fuzzy": "fuzzy:T=0.4,div=js",
     "kl_judge": "kl_judge:tau=0.5",
     "mentored": "mentored:D=0.1 or mentored:alpha=0.5",
+    "cactus": "cactus:delta=1",
 }
