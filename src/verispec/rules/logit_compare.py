@@ -1,4 +1,4 @@
-"""Modular MAX's logit comparison (``rejection_sampling_strategy=logit-comparison``; docs/verification-rules.md §8.2).
+"""Modular MAX's logit comparison (``rejection_sampling_strategy=logit-comparison``; docs/verification-rules.md §11.1).
 
 Source: github.com/modular/modular, ``max/python/max/nn/sampling/rejection_sampler.py`` class
 ``RejectionSampler`` (commit ae6ee1f), built by ``max/python/max/pipelines/lib/sampling/sampling.py``

@@ -1,4 +1,4 @@
-"""Known wrong implementations, kept as rules so that their laws can be measured (docs/verification-rules.md §8.3).
+"""Known wrong implementations, kept as rules so that their laws can be measured (docs/verification-rules.md §11.2).
 
 ``reject_to_p`` — lossless SD's acceptance with the wrong correction. Source: ShopeeLLM/Spec-RL issue 14
 ("Questions about the speculative decoding algorithm", 2025-10-21): the RL rollout code accepts a drafted
