@@ -465,3 +465,25 @@ def test_unsafe_mode_refuses_every_socket(info):
             srv.accept()
     finally:
         srv.close()
+
+
+def test_missing_cpu_controller_is_reported_not_silent(monkeypatch, caplog):
+    """Where the cgroup has no cpu / cpuacct controller the run still works, says so in its
+    isolation info and logs a warning (each process then has RLIMIT_CPU only)."""
+    import logging
+
+    from verispec.tasks.sandbox import cgroup, runner
+
+    real = cgroup._mounts
+    monkeypatch.setattr(cgroup, "_mounts", lambda: [(m, fs, [o for o in opts if o not in ("cpu", "cpuacct")])
+                                                    for m, fs, opts in real() if fs == "cgroup"])
+    group, why = cgroup.create(64 << 20, 8)
+    if group is None:
+        pytest.skip(f"no cgroup v1 here: {why}")
+    group.remove()
+    runner._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="verispec.sandbox"):
+        r = run_python("print('ok')")
+    assert r.status == "passed" and r.cpu_s is None, r
+    assert r.isolation["cpu_quota"] is None and "no CPU quota" in r.isolation["cpu_fallback"], r.isolation
+    assert any("no CPU quota" in rec.getMessage() for rec in caplog.records), caplog.text
