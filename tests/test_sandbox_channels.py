@@ -110,6 +110,7 @@ py("pwritev2_nowait", lambda: os.pwritev(w, [b"x"], 0, os.RWF_NOWAIT))
 py("pwritev2_plain", lambda: os.pwritev(w, [b"x"], 0))
 py("madvise_pageout", lambda: m.madvise(21))
 py("madvise_cold", lambda: m.madvise(20))
+py("madvise_collapse", lambda: m.madvise(25))
 py("madvise_dontneed", lambda: m.madvise(mmap.MADV_DONTNEED))
 py("madvise_willneed", lambda: m.madvise(mmap.MADV_WILLNEED))
 buf = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -139,8 +140,8 @@ def test_page_cache_evictors_and_probes_are_refused(info):
     assert r.status == "passed", r
     out = json.loads(r.stdout)
     refused = {"fadvise_dontneed", "fadvise_willneed", "preadv2_nowait", "preadv2_dontcache", "pwritev2_nowait",
-               "madvise_pageout", "madvise_cold", "readahead", "mincore", "cachestat", "process_madvise",
-               "sync_file_range", "remap_file_pages", "io_setup", "io_submit"}
+               "madvise_pageout", "madvise_cold", "madvise_collapse", "readahead", "mincore", "cachestat",
+               "process_madvise", "sync_file_range", "remap_file_pages", "io_setup", "io_submit"}
     assert {k for k, v in out.items() if v == "EPERM"} == refused, out
     # what honest code uses still works
     for k in ("preadv2_plain", "pwritev2_plain", "madvise_dontneed", "madvise_willneed", "madvise_anon_free"):

@@ -78,7 +78,7 @@ Containment, in the order it is set up:
 same program): keyrings (refused), SysV IPC, abstract sockets, processes and files (per-run
 namespaces and tmpfs, fresh uid) hold nothing across runs.  The one host state a run can reach is
 the page cache of the files bound into its root.  Closed: every way to drop a page (``fadvise``,
-``madvise`` ``MADV_PAGEOUT`` / ``MADV_COLD``, ``process_madvise``, ``preadv2`` with
+``madvise`` ``MADV_PAGEOUT`` / ``COLD`` / ``COLLAPSE``, ``process_madvise``, ``preadv2`` with
 ``RWF_DONTCACHE``) and every probe without I/O (``preadv2`` / ``pwritev2`` with any flag, so
 ``RWF_NOWAIT``; native AIO; ``mincore``, ``cachestat``), and ``readahead``, ``sync_file_range``,
 ``remap_file_pages`` -- so a run can only ever *load* a page, by reading it; and before runs the

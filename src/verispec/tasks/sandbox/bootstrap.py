@@ -69,7 +69,7 @@ _PAGE_CACHE_CALLS = ("mincore", "readahead", "fadvise64", "remap_file_pages", "s
 _SOCKET = {m: nr["socket"] for m, nr in _NR.items()}
 AF_UNIX = 1
 SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
-MADV_COLD, MADV_PAGEOUT = 20, 21
+MADV_COLD, MADV_PAGEOUT, MADV_COLLAPSE = 20, 21, 25
 _X32_BIT = 0x40000000
 #: What the filter refuses, as reported in ``isolation["seccomp"]``.
 SECCOMP_SUMMARY = "keyring+io_uring+af_unix+page_cache+foreign-abi"
@@ -362,7 +362,8 @@ def seccomp_program(machine: str, network: bool = True) -> bytes | None:
       family;
     * the page cache of files the run can only read (the standard library and the libraries
       bound into its root are the host's own files, shared with every later run): dropping
-      pages (``fadvise64``, ``madvise`` ``MADV_PAGEOUT`` / ``MADV_COLD``, ``process_madvise``),
+      pages (``fadvise64``, ``madvise`` ``MADV_PAGEOUT`` / ``MADV_COLD``, ``process_madvise``;
+      ``MADV_COLLAPSE``, which rebuilds a file's cached pages as one huge page),
       probing them without I/O (``preadv2`` / ``pwritev2`` with any flag -- ``RWF_NOWAIT``
       answers "not cached" with ``EAGAIN``, ``RWF_DONTCACHE`` drops what it read --, native
       AIO ``io_*`` with the same flags, ``mincore``, ``cachestat``) and loading them
@@ -397,7 +398,8 @@ def seccomp_program(machine: str, network: bool = True) -> bytes | None:
              (jeq_k, "madvise", "allow", nr["madvise"]),
              ("label", "madvise"), arg(2),
              (jeq_k, "deny", 0, MADV_COLD),
-             (jeq_k, "deny", "allow", MADV_PAGEOUT),
+             (jeq_k, "deny", 0, MADV_PAGEOUT),
+             (jeq_k, "deny", "allow", MADV_COLLAPSE),
              ("label", "rwflags"), arg(5),  # preadv2(fd, iov, vlen, pos_l, pos_h, flags)
              (jeq_k, "allow", "deny", 0),
              ("label", "socketpair"), arg(0),
