@@ -488,3 +488,16 @@ def test_missing_cpu_controller_is_reported_not_silent(monkeypatch, caplog):
     assert r.status == "passed" and r.cpu_s is None, r
     assert r.isolation["cpu_quota"] is None and "no CPU quota" in r.isolation["cpu_fallback"], r.isolation
     assert any("no CPU quota" in rec.getMessage() for rec in caplog.records), caplog.text
+
+
+def test_cpu_seconds_are_read_from_either_cgroup_layout(tmp_path):
+    from verispec.tasks.sandbox.cgroup import RunCgroup
+
+    v2 = tmp_path / "cpu.stat"
+    v2.write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    v1 = tmp_path / "cpuacct.usage"
+    v1.write_text("2250000000\n")
+    assert RunCgroup("v2", [], [], cpu_usage_file=str(v2)).cpu_seconds() == 1.5
+    assert RunCgroup("v1", [], [], cpu_usage_file=str(v1)).cpu_seconds() == 2.25
+    assert RunCgroup("v1", [], [], cpu_usage_file=str(tmp_path / "gone")).cpu_seconds() is None
+    assert RunCgroup("v2", [], []).cpu_seconds() is None
