@@ -15,6 +15,9 @@ Protocol (:class:`BatchBackend`; every implementation here follows it):
   (token ids, context overflow) run on every row before any state changes.
 - ``rollback_row(r, length)``: row ``r`` keeps its first ``length`` tokens; ``reset_row(r)`` empties
   it (slot reuse in continuous batching); ``reset()`` empties every row.
+- ``one_sequence()`` (optional): a single-sequence :class:`~verispec.models.base.Backend` of the same
+  model sharing its weights (its own KV cache), for what batches cannot decode (trees, prompt lookup):
+  one copy of the model serves both.
 - Text and vocabulary methods (``tokenize``, ``detokenize``, ``token_piece``, ``chat_prompt``,
   ``eos_token_ids``, ``vocab_size``, ``tokenizer_size``, ``name``) are those of the single-sequence
   model, so :func:`verispec.models.base.check_compatible` applies as is.
@@ -205,6 +208,10 @@ class HFBatchBackend(_TextOf):
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         self.compactions = 0
         self.reset()
+
+    def one_sequence(self) -> Any:
+        """A single-sequence backend on this model's module and tokenizer (:meth:`HFBackend.sibling`)."""
+        return self.single.sibling()
 
     # -- rows ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -416,6 +423,12 @@ class LlamaBatchBackend(_TextOf):
     def row_length(self, row: int) -> int:
         return self._rows.row_length(row) if self._rows is not None else self._n[row]
 
+    def one_sequence(self, max_tree_nodes: int = 255) -> Any:
+        """A single-sequence :class:`~verispec.models.llama.LlamaBackend` of ``n_ctx`` tokens and draft trees
+        of up to ``max_tree_nodes`` branch nodes, a context of its own on the loaded model (no second copy
+        of the weights); its calls compute what a backend loaded alone with those settings computes."""
+        return self.single.sibling(n_ctx=self.context_length, max_tree_nodes=max_tree_nodes)
+
     def reset(self) -> None:
         if self._rows is not None:
             self._rows.reset()
@@ -508,6 +521,13 @@ class RowsOfBackends(_TextOf):
 
     def row_length(self, row: int) -> int:
         return self.rows[row].n_cached
+
+    def one_sequence(self) -> Any:
+        """Another sequence on the first row's model (its ``sibling``), when its backend has one."""
+        sibling = getattr(self.single, "sibling", None)
+        if sibling is None:
+            raise NotImplementedError(f"{self.single.name}: no single-sequence sibling sharing its weights")
+        return sibling()
 
     def reset(self) -> None:
         for be in self.rows:

@@ -9,8 +9,11 @@ cache entries. A chain from the cache end is decoded as ``forward`` (no mask) an
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,26 @@ _EOG_STRINGS = (
     "<|end|>",
     "</s>",
 )
+
+
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+_ANY_TOKENIZER = threading.RLock()
+
+
+def tokenizer_lock(tokenizer: Any) -> threading.RLock:
+    """The lock every call into ``tokenizer`` holds. A fast (Rust) tokenizer is not safe to call from two
+    threads at once (an encode that sets truncation or padding borrows it mutably: "Already borrowed"),
+    and one tokenizer object is shared by a target, its draft, their batched backends and siblings,
+    which a server calls from its engine threads and its event loop: the lock belongs to the object."""
+    with _LOCKS_GUARD:
+        try:
+            lock = _LOCKS.get(tokenizer)
+            if lock is None:
+                lock = _LOCKS[tokenizer] = threading.RLock()
+        except TypeError:       # not weakly referenceable: one lock for all such tokenizers
+            return _ANY_TOKENIZER
+    return lock
 
 
 def _as_id_set(x: Any) -> set[int]:
@@ -205,19 +228,24 @@ class HFBackend:
         return self.tokenizer
 
     # -- text ------------------------------------------------------------------------------------
+    # Every tokenizer call holds the tokenizer's lock (tokenizer_lock): these run on several threads at once.
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
-        return list(self._need_tokenizer().encode(text, add_special_tokens=add_special))
+        tok = self._need_tokenizer()
+        with tokenizer_lock(tok):
+            return list(tok.encode(text, add_special_tokens=add_special))
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self._need_tokenizer().decode(
-            [int(i) for i in ids], skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
+        tok = self._need_tokenizer()
+        ids = [int(i) for i in ids]
+        with tokenizer_lock(tok):
+            return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def token_piece(self, token_id: int) -> str:
         tok = self._need_tokenizer()
-        if not 0 <= token_id < len(tok):
+        if not 0 <= token_id < self.tokenizer_size:
             return ""
-        return tok.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        with tokenizer_lock(tok):
+            return tok.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
         tok = self._need_tokenizer()
@@ -226,8 +254,19 @@ class HFBackend:
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": user_message}
         ]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        with tokenizer_lock(tok):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self.tokenize(text, add_special=False)
+
+    def sibling(self) -> "HFBackend":
+        """Another sequence on the same model object and tokenizer (no second copy of the weights), with
+        a KV cache of its own and this backend's settings (linear layout, row plan, hidden capture):
+        what a batched backend lends for single-sequence decoding (trees, prompt lookup). Calls on
+        different siblings may run on different threads at once (inference only reads the module)."""
+        twin = copy.copy(self)
+        twin.last_hidden = None
+        twin.reset()
+        return twin
 
     # -- cache -----------------------------------------------------------------------------------
     @property

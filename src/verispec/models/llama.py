@@ -38,6 +38,8 @@ from .base import (
 )
 from .gguf_check import check_gguf
 
+#: bytes of the buffer a token's text is written into (a longer piece gets a buffer of its own size)
+PIECE_BYTES = 256
 CHAIN_SEQ = 0  # llama.cpp sequence of the committed prefix and of tree nodes that extend it as one chain
 
 CHATML_TEMPLATE = (
@@ -161,7 +163,6 @@ class LlamaBackend:
         self.eos_token_ids: frozenset[int] = self._find_eog_ids()
         self.add_bos: bool = bool(self._model.add_bos_token())
         self.metadata: dict[str, str] = dict(self._llm.metadata)
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._n = 0
         self._drop_tree()
         self._ctx.kv_cache_clear()
@@ -183,21 +184,25 @@ class LlamaBackend:
         return frozenset(ids)
 
     # -- text ------------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``; ``add_special`` adds BOS if the model wants one. Special-token text
-        (e.g. ``<|im_end|>``) is parsed into its special id only by :meth:`chat_prompt`."""
-        return self._model.tokenize(text.encode("utf-8"), add_special and self.add_bos, False)
+        (e.g. ``<|im_end|>``) is parsed into its special id only with ``parse_special`` (as transformers'
+        tokenizers always do) and by :meth:`chat_prompt`; otherwise it is tokenized as plain text."""
+        return self._model.tokenize(text.encode("utf-8"), add_special and self.add_bos, bool(parse_special))
 
-    def _piece_bytes(self, token_id: int, special: bool) -> bytes:
-        buf = self._piece_buf
+    def _piece_bytes(self, token_id: int, special: bool, buf) -> bytes:
         n = self._lc.llama_token_to_piece(self._vocab, int(token_id), buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self._lc.llama_token_to_piece(self._vocab, int(token_id), buf, len(buf), 0, special)
         return buf.raw[:n]
 
+    # The text methods are called from several threads at once (a server's engine and event loop): each
+    # call writes into its own buffer, never one kept on the backend. llama.cpp's own tokenizer and
+    # piece tables are read-only after loading.
     def detokenize(self, ids: Sequence[int]) -> str:
-        return b"".join(self._piece_bytes(i, False) for i in ids).decode("utf-8", errors="replace")
+        buf = ctypes.create_string_buffer(PIECE_BYTES)
+        return b"".join(self._piece_bytes(i, False, buf) for i in ids).decode("utf-8", errors="replace")
 
     def token_piece(self, token_id: int) -> str:
         if not 0 <= token_id < self.vocab_size:
@@ -205,7 +210,8 @@ class LlamaBackend:
         if self._lc.llama_vocab_get_attr(self._vocab, int(token_id)) & self._lc.LLAMA_TOKEN_ATTR_UNUSED:
             # llama.cpp renders unused (padding) tokens as "", transformers as their name, e.g. "[PAD151665]"
             return self._model.token_get_text(int(token_id))
-        return self._piece_bytes(token_id, True).decode("utf-8", errors="replace")
+        return self._piece_bytes(token_id, True, ctypes.create_string_buffer(PIECE_BYTES)).decode(
+            "utf-8", errors="replace")
 
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
         """Render the GGUF's ``tokenizer.chat_template`` (ChatML if absent) and tokenize it, specials parsed."""
@@ -393,21 +399,41 @@ class LlamaBackend:
         self._n = n + len(ids)
         self._drop_tree()
 
-    def sibling(self) -> "LlamaBackend":
-        """Another sequence on the same loaded model: a fresh context with this one's settings (same
-        ``n_ctx``, ``n_batch``, threads, tree sequences), sharing the model's weights (no second copy in
-        memory). Its logits are bitwise those this backend computes for the same calls: a context only
-        holds a KV cache and buffers. ``close`` the siblings before the backend that loaded the model."""
+    def sibling(self, *, n_ctx: int | None = None, max_tree_nodes: int | None = None) -> "LlamaBackend":
+        """Another sequence on the same loaded model: a fresh context sharing the model's weights (no
+        second copy in memory), with this one's settings (threads, ``n_batch``, ``n_ubatch``, ...) and, by
+        default, its ``n_ctx`` and tree sequences; ``n_ctx`` / ``max_tree_nodes`` size it otherwise (e.g.
+        a one-sequence context with trees beside a batch's context of ``B`` sequences). Its logits are
+        bitwise those a backend loaded with the same settings computes for the same calls: a context only
+        holds a KV cache and buffers. Contexts of one model may decode on different threads at once.
+        ``close`` the siblings before the backend that loaded the model."""
         from llama_cpp import _internals
 
-        twin = object.__new__(LlamaBackend)
+        twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin._owner = self
-        twin._ctx = _internals.LlamaContext(model=self._model, params=self._llm.context_params, verbose=False)
+        params = type(self._llm.context_params).from_buffer_copy(self._llm.context_params)
+        if n_ctx is not None or max_tree_nodes is not None:
+            max_seqs = int(self._lc.llama_max_parallel_sequences())
+            nodes = self.max_tree_nodes if max_tree_nodes is None else int(max_tree_nodes)
+            if not 0 <= nodes < max_seqs:
+                raise ValueError(f"max_tree_nodes must be in 0..{max_seqs - 1} (llama.cpp's sequence limit), "
+                                 f"got {max_tree_nodes}")
+            tokens = self.context_length if n_ctx is None else int(n_ctx)
+            if isinstance(n_ctx, bool) or tokens < 1:
+                raise ValueError(f"n_ctx must be a positive number of tokens, got {n_ctx}")
+            # as __init__ sizes its context: n_batch >= n_seq_max, the tree's cells beyond n_ctx
+            n_batch = max(1, min(int(params.n_batch), tokens + nodes), nodes + 1)
+            params.n_ctx, params.n_batch = tokens + nodes, n_batch
+            params.n_ubatch = max(1, min(int(params.n_ubatch), n_batch))
+            params.n_seq_max, params.kv_unified = nodes + 1, bool(nodes) or bool(params.kv_unified)
+            twin.max_tree_nodes, twin.n_batch = nodes, n_batch
+        twin._ctx = _internals.LlamaContext(model=self._model, params=params, verbose=False)
+        twin.context_length = min(int(n_ctx or self.context_length),
+                                  int(self._lc.llama_n_ctx(twin._ctx.ctx)) - twin.max_tree_nodes)
         twin._mem = self._lc.llama_get_memory(twin._ctx.ctx)
-        twin._batch = _internals.LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=self.max_tree_nodes + 1,
+        twin._batch = _internals.LlamaBatch(n_tokens=twin.n_batch, embd=0, n_seq_max=twin.max_tree_nodes + 1,
                                             verbose=False)
-        twin._piece_buf = ctypes.create_string_buffer(256)
         twin._n = 0
         twin._drop_tree()
         twin._ctx.kv_cache_clear()

@@ -159,7 +159,9 @@ def create_app(scheduler: Scheduler, model: ServedModel, policy: Policy, *, requ
             text = body.get("prompt")
             if not isinstance(text, str):
                 raise bad("'prompt' must be a string (or give 'messages')", "prompt")
-            ids = model.tokenize(text, add_special=add)
+            # special-token text becomes its special id, as vLLM's /tokenize (HF tokenizers) does: lm-eval's
+            # remote tokenizer reads the EOS id as the first id of tokenize(eos_token)
+            ids = model.tokenize(text, add_special=add, parse_special=True)
         return {"tokens": ids, "count": len(ids), "max_model_len": policy.context_length}
 
     @app.post("/detokenize")
@@ -230,7 +232,8 @@ async def _serve(state: ServerState, request: Request, body: dict, parsed: Parse
                        headers={"Retry-After": "1"}) from None
     rid, created = new_id(parsed.kind), now()
     if parsed.stream:
-        return StreamingResponse(_stream(state, parsed, jobs, events, rid, created), media_type="text/event-stream",
+        return StreamingResponse(_stream(state, request, parsed, jobs, events, rid, created),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         by_index = await _wait_all(state, request, jobs, events)
@@ -275,34 +278,58 @@ def _prompt_text(state: ServerState, body: dict, ids: list[int], i: int) -> str:
     return state.model.detokenize(ids)
 
 
+def _watch_disconnect(request: Request, events: asyncio.Queue) -> asyncio.Task:
+    """A task that puts ``(None, "disconnect", None)`` on ``events`` the moment the client closes its
+    connection (ASGI's ``http.disconnect``; the request body has been read, so that is the next message),
+    so its choices are cancelled at once and their rows free before the engine's next step. Cancel it
+    when the response is done."""
+
+    async def watch() -> None:
+        while True:
+            try:
+                message = await request.receive()
+            except Exception:           # the server lost the connection: as good as a disconnect
+                message = {"type": "http.disconnect"}
+            if message.get("type") == "http.disconnect":
+                events.put_nowait((None, "disconnect", None))
+                return
+
+    return asyncio.ensure_future(watch())
+
+
+def _cancel_all(state: ServerState, jobs: Sequence[Job]) -> None:
+    for job in jobs:
+        state.scheduler.cancel(job)
+
+
 async def _wait_all(state: ServerState, request: Request, jobs: Sequence[Job], events: asyncio.Queue
                     ) -> dict[int, Job] | None:
     """Every choice's ended job by index; None if the client disconnected (its jobs are cancelled)."""
     done: dict[int, Job] = {}
-    while len(done) < len(jobs):
-        try:
-            k, kind, job = await asyncio.wait_for(events.get(), timeout=POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                for job in jobs:
-                    state.scheduler.cancel(job)
+    watcher = _watch_disconnect(request, events)
+    try:
+        while len(done) < len(jobs):
+            k, kind, job = await events.get()
+            if kind == "disconnect":
+                _cancel_all(state, jobs)
                 return None
-            continue
-        if kind != "done":
-            continue
-        if job.error is not None:
-            for other in jobs:
-                state.scheduler.cancel(other)
-            raise job.error
-        done[k] = job
-    return done
+            if kind != "done":
+                continue
+            if job.error is not None:
+                _cancel_all(state, jobs)
+                raise job.error
+            done[k] = job
+        return done
+    finally:
+        watcher.cancel()
 
 
-async def _stream(state: ServerState, parsed: ParsedRequest, jobs: Sequence[Job], events: asyncio.Queue,
-                  rid: str, created: int):
+async def _stream(state: ServerState, request: Request, parsed: ParsedRequest, jobs: Sequence[Job],
+                  events: asyncio.Queue, rid: str, created: int):
     kind, name = parsed.kind, state.policy.model_name
     texts = {k: TextStream(state.model.detokenize, dec.stop) for k, dec in enumerate(parsed.decodes)}
     finished: dict[int, Job] = {}
+    watcher = _watch_disconnect(request, events)
     try:
         if kind == "chat":
             for k in texts:
@@ -313,6 +340,8 @@ async def _stream(state: ServerState, parsed: ParsedRequest, jobs: Sequence[Job]
             except asyncio.TimeoutError:
                 yield ": keep-alive\n\n"           # an SSE comment: a client that left makes this send fail
                 continue
+            if what == "disconnect":
+                return
             if what == "tokens":
                 delta = texts[k].update(payload)
                 if delta:
@@ -332,6 +361,5 @@ async def _stream(state: ServerState, parsed: ParsedRequest, jobs: Sequence[Job]
             yield sse(usage_chunk(kind, rid, created, name, usage(parsed, [finished[k] for k in sorted(finished)])))
         yield "data: [DONE]\n\n"
     finally:
-        for job in jobs:
-            if job.state not in ("done", "cancelled"):
-                state.scheduler.cancel(job)
+        watcher.cancel()
+        _cancel_all(state, jobs)        # the jobs still queued or running: a client that left, an error

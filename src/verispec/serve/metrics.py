@@ -32,8 +32,10 @@ def _num(x: float) -> str:
 
 
 class Metrics:
-    """The server's metrics (thread-safe). :meth:`job_finished` records an ended choice, :meth:`http`
-    every HTTP answer; :meth:`render` writes the text format."""
+    """The server's metrics. :meth:`job_finished` records an ended choice (on an engine thread),
+    :meth:`http` every HTTP answer (on the event loop), :meth:`render` writes the text format: counters and
+    histograms are read and written under ``_lock``; ``gauges`` (name -> function) is filled before the
+    server starts and only read after."""
 
     def __init__(self, model_name: str) -> None:
         self.model = model_name
@@ -96,10 +98,12 @@ class Metrics:
     def render(self) -> str:
         base = {"model_name": self.model}
         lines: list[str] = []
+        # the gauges read the scheduler under its own lock: called before taking ours, so no thread ever
+        # holds both
+        for name, fn in sorted(self.gauges.items()):
+            lines += [f"# HELP {name} {fn.__doc__ or name}", f"# TYPE {name} gauge",
+                      f"{name}{_labels(base)} {_num(fn())}"]
         with self._lock:
-            for name, fn in sorted(self.gauges.items()):
-                lines += [f"# HELP {name} {fn.__doc__ or name}", f"# TYPE {name} gauge",
-                          f"{name}{_labels(base)} {_num(fn())}"]
             by_name: dict[str, list] = defaultdict(list)
             for (name, labels), value in sorted(self._counters.items()):
                 by_name[name].append((dict(labels), value))

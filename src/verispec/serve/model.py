@@ -8,12 +8,17 @@ system + user turn; the tokenizer's template over the whole conversation otherwi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from verispec.models.hf import tokenizer_lock
+
 
 class ServedModel:
-    """Text methods of the served target ``backend`` (batched or not) for the API layer."""
+    """Text methods of the served target ``backend`` (batched or not) for the API layer. Safe to call from
+    any thread: the backends' text methods are (a per-call buffer on llama.cpp, the tokenizer's lock on
+    transformers), and so are the calls made here into the tokenizer itself."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -21,8 +26,13 @@ class ServedModel:
         self.vocab_size = int(backend.vocab_size)
         self.context_length = int(backend.context_length)
         self.eos_token_ids = frozenset(backend.eos_token_ids)
+        self._parse_option = "parse_special" in inspect.signature(self.single.tokenize).parameters
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """``parse_special``: text spelling a special token (``<|im_end|>``) becomes its special id, as
+        transformers' tokenizers always do (llama.cpp only when asked: ``/tokenize`` asks)."""
+        if parse_special and self._parse_option:
+            return list(self.single.tokenize(text, add_special=add_special, parse_special=True))
         return list(self.backend.tokenize(text, add_special=add_special))
 
     def detokenize(self, ids: Sequence[int]) -> str:
@@ -42,7 +52,8 @@ class ServedModel:
             return list(self.backend.chat_prompt(messages[1]["content"], system=messages[0]["content"]))
         tok = getattr(self.single, "tokenizer", None)
         if tok is not None and getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            with tokenizer_lock(tok):
+                text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             return self.tokenize(text, add_special=False)
         template = (getattr(self.single, "metadata", None) or {}).get("tokenizer.chat_template")
         model = getattr(self.single, "_model", None)
@@ -65,22 +76,41 @@ class ServedModel:
         return ids
 
     def tokenizer_info(self) -> dict:
-        """What ``GET /tokenizer_info`` answers (the fields lm-evaluation-harness's remote tokenizer reads)."""
+        """What ``GET /tokenizer_info`` answers: the fields lm-evaluation-harness's remote tokenizer reads
+        (``eos_token``, ``bos_token``, ``pad_token``, ``chat_template``; it takes the EOS id as the first id
+        ``/tokenize`` gives for ``eos_token``, which is that single special id) and their ids
+        (``eos_token_id``, ...; ``eos_token_ids``: every token that ends a generation here)."""
         tok = getattr(self.single, "tokenizer", None)
         kind = type(tok if tok is not None else self.single).__name__
         info: dict[str, Any] = {"tokenizer_class": kind, "model_max_length": self.context_length,
                                 "vocab_size": self.vocab_size, "eos_token": None, "bos_token": None,
-                                "pad_token": None, "chat_template": None}
-        if tok is not None:
-            info.update(eos_token=tok.eos_token, bos_token=tok.bos_token, pad_token=tok.pad_token,
-                        chat_template=getattr(tok, "chat_template", None))
-            return info
+                                "pad_token": None, "chat_template": None, "eos_token_id": None,
+                                "bos_token_id": None, "pad_token_id": None, "eos_token_ids": sorted(self.eos_token_ids)}
         model = getattr(self.single, "_model", None)
-        if model is not None:
+        if tok is not None:
+            with tokenizer_lock(tok):
+                ids = {name: getattr(tok, f"{name}_id", None) for name in ("eos_token", "bos_token", "pad_token")}
+                info.update(eos_token=tok.eos_token, bos_token=tok.bos_token, pad_token=tok.pad_token,
+                            chat_template=getattr(tok, "chat_template", None))
+            info.update({f"{name}_id": ids[name] for name in ids})
+        elif model is not None:
             eos, bos = model.token_eos(), model.token_bos()
-            info.update(eos_token=model.token_get_text(eos) if eos >= 0 else None,
-                        bos_token=model.token_get_text(bos) if bos >= 0 and self.single.add_bos else None,
-                        chat_template=(getattr(self.single, "metadata", None) or {}).get("tokenizer.chat_template"))
-        elif self.eos_token_ids:
-            info["eos_token"] = self.piece(min(self.eos_token_ids))
+            pad = _llama_pad(model)
+            info.update(chat_template=(getattr(self.single, "metadata", None) or {}).get("tokenizer.chat_template"))
+            if eos >= 0:
+                info.update(eos_token=model.token_get_text(eos), eos_token_id=int(eos))
+            if bos >= 0 and self.single.add_bos:
+                info.update(bos_token=model.token_get_text(bos), bos_token_id=int(bos))
+            if pad is not None:
+                info.update(pad_token=model.token_get_text(pad), pad_token_id=pad)
+        if info["eos_token_id"] is None and self.eos_token_ids:     # the tokenizer names none: the model's own
+            eos = min(self.eos_token_ids)
+            info.update(eos_token=self.piece(eos), eos_token_id=eos)
         return info
+
+
+def _llama_pad(model: Any) -> int | None:
+    """The GGUF's padding token, if it names one (llama.cpp answers -1 otherwise)."""
+    get = getattr(model, "token_pad", None)
+    pad = int(get()) if get is not None else -1
+    return pad if pad >= 0 else None

@@ -6,12 +6,22 @@ queue; the engine thread admits them into the free rows of a :class:`~verispec.e
 (continuous batching: a row that ends or is cancelled takes the next job at the next step) and steps the
 session while any row is active. Jobs it cannot batch (prompt lookup, draft trees, ``gamma: "auto"``,
 rules reading raw distributions) go, one at a time, to a second thread that runs
-:func:`verispec.engine.generate` on single-sequence backends (loaded on first use).
+:func:`verispec.engine.generate` on single-sequence backends that share the batched backends' weights
+(``one_sequence()``: a second llama.cpp context on the loaded model, a sibling of the transformers
+module), made on first use: one copy of each model per process.
 
-Between steps the engine thread applies cancellations (a client that disconnects frees its row at
-once), expires jobs past their deadline, and runs scoring forwards (the target's log-probabilities of a
-token sequence, for ``logprobs`` / ``echo``) on a free row. Callbacks (``on_tokens``, ``on_done``) run on
-the engine threads; the HTTP layer hands them to its event loop.
+Between steps the engine thread applies cancellations (a client that disconnects frees its row before
+the next step), expires jobs past their deadline, and runs scoring forwards (the target's
+log-probabilities of a token sequence, for ``logprobs`` / ``echo``) on a free row. Callbacks
+(``on_tokens``, ``on_done``) run on the engine threads; the HTTP layer hands them to its event loop.
+
+Threads and what they own: the engine thread owns the session and the batched backends; the single
+thread owns the single-sequence backends, the cost profiles and the job it runs; the queues, the running
+set, the pending cancellations and scores and the step count are read and written under ``_lock`` by
+every thread (the HTTP side calls :meth:`submit`, :meth:`cancel`, :meth:`score`, :attr:`running`,
+:attr:`waiting`, :attr:`steps`). A job's ``result`` / ``error`` are written by the engine thread before its
+``on_done`` runs and read by the HTTP side only after it. The backends' text methods (called by every
+thread) are safe to call concurrently (:mod:`verispec.models.llama`, :func:`verispec.models.hf.tokenizer_lock`).
 """
 
 from __future__ import annotations
@@ -59,6 +69,8 @@ class Job:
     t_first: float = 0.0
     t_end: float = 0.0
     handle: RowHandle | None = field(default=None, repr=False)
+    #: set (once, under the scheduler's lock) when the client left; the single thread polls it between
+    #: verified steps without the lock: a flag that only turns True, read late by at most one step
     cancelled: bool = False
 
     @property
@@ -68,8 +80,10 @@ class Job:
 
 class Scheduler:
     """The engine threads (module docstring). ``target_rows`` / ``draft_rows``: batched backends
-    (``draft_rows`` None: no draft model; SD requests then need ``single``). ``single()``: returns the
-    single-sequence ``(target, draft or None)`` for jobs batches cannot run (called once, on first need).
+    (``draft_rows`` None: no draft model; SD requests then need ``single``). ``single``: None refuses
+    what batches cannot run; otherwise those jobs run on the batched backends' ``one_sequence()`` views
+    (the same weights), or, for batched backends that have none (fakes of the tests), on what ``single()``
+    returns, a single-sequence ``(target, draft or None)`` (called once, on first need).
     ``max_waiting``: jobs that may wait for a row before :meth:`submit` raises :class:`Overloaded`.
     ``on_finish(job)``: called for every ended job (metrics)."""
 
@@ -92,6 +106,7 @@ class Scheduler:
         self._scores: deque[tuple[list[int], int, Future]] = deque()
         self._single_q: deque[Job] = deque()
         self._single_job: Job | None = None
+        self._steps = 0
         self._stop = False
         self._threads: list[threading.Thread] = []
 
@@ -120,6 +135,12 @@ class Scheduler:
     def running(self) -> int:
         with self._lock:
             return len(self._running) + (self._single_job is not None)
+
+    @property
+    def steps(self) -> int:
+        """Batched engine steps taken so far."""
+        with self._lock:
+            return self._steps
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Queue every job of a request, or none (:class:`Overloaded` when the queue cannot hold them)."""
@@ -180,6 +201,8 @@ class Scheduler:
             if session.busy:
                 try:
                     session.step()
+                    with self._lock:
+                        self._steps += 1
                 except Exception as exc:     # the rows' caches are unknown now: drop them all
                     _log.exception("batched step failed")
                     for handle in session.fail_all():
@@ -256,8 +279,10 @@ class Scheduler:
             self._end(job, "done")
 
     def _run_scores(self) -> None:
-        while self._scores and self.session.free_slots > len(self.session.queue):
+        while self.session.free_slots > len(self.session.queue):
             with self._lock:
+                if not self._scores:
+                    return
                 tokens, top, fut = self._scores.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue
@@ -303,7 +328,7 @@ class Scheduler:
             if self._single_factory is None:
                 raise ValueError("this server decodes batched chains only (no single-sequence models were "
                                  "given): prompt lookup, trees, gamma 'auto' and raw-distribution rules are off")
-            self._single = self._single_factory()
+            self._single = shared_singles(self.target_rows, self.draft_rows) or self._single_factory()
         return self._single
 
     def _run_single(self, job: Job) -> GenerationResult:
@@ -335,6 +360,26 @@ class Scheduler:
                 job.on_tokens(committed[:end])
 
         return generate_single(target, draft, job.prompt, d, costs=costs, observers=[watch])
+
+
+def shared_singles(target_rows: Any, draft_rows: Any | None) -> tuple[Any, Any | None] | None:
+    """Single-sequence views ``(target, draft or None)`` of batched backends on their own weights
+    (``one_sequence()``), or None where a backend cannot lend one."""
+    if not all(rows is None or hasattr(rows, "one_sequence") for rows in (target_rows, draft_rows)):
+        return None
+    try:
+        target = target_rows.one_sequence()
+    except NotImplementedError:
+        return None
+    if draft_rows is None:
+        return target, None
+    try:
+        return target, draft_rows.one_sequence()
+    except NotImplementedError:
+        close = getattr(target, "close", None)
+        if close is not None:
+            close()
+        return None
 
 
 def _timeout(job: Job) -> APIError:
