@@ -116,6 +116,37 @@ def _files(tmp: Path) -> None:
     (tmp / "q.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "2", "id": "a"}) + "\n")
     (tmp / "bad.jsonl").write_bytes(b'{"question": "caf\xe9?", "answer": "1", "id": "a"}\n')
     (tmp / "blank.jsonl").write_text("\n\n")
+    # round 5 (issue 39): settings a run cannot honour, in sweep files
+    (tmp / "quantum.toml").write_text('device = "quantum"\n')
+    (tmp / "cuda.toml").write_text('device = "cuda"\n')
+    (tmp / "half.toml").write_text('dtype = "float16"\n')
+    (tmp / "inf.toml").write_text("check_timeout_s = inf\n")
+    (tmp / "e400.toml").write_text("check_timeout_s = 1e400\n")
+    (tmp / "nan.toml").write_text("check_timeout_s = nan\n")
+    (tmp / "inf.yaml").write_text("check_timeout_s: .inf\n")
+    (tmp / "e400.yaml").write_text("check_timeout_s: 1.0e+400\n")
+    (tmp / "forever.toml").write_text("check_timeout_s = 1e9\n")
+    (tmp / "nctx.toml").write_text("n_ctx = 0\n")
+    (tmp / "seed.toml").write_text("seed = -1\n")
+    (tmp / "many.toml").write_text("n_samples = 1000000000\n")
+    (tmp / "shots.toml").write_text("few_shot = 1000\n")
+    (tmp / "notarget.toml").write_text('target = ""\n')
+    (tmp / "threads.toml").write_text("n_threads = 0\n")
+    (tmp / "emptyrule.toml").write_text('rules = ["lossless", ""]\n')
+    # issue 40: hostile sweep files
+    (tmp / "bomb.yaml").write_text(BOMB_YAML)
+    (tmp / "loop.yaml").write_text("rules: &a [lossless, *a]\n")
+    (tmp / "deep.yaml").write_text("rules: " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp / "deep.toml").write_text("rules = " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp / "wide.yaml").write_text("rules: [" + ", ".join(["x"] * 120_000) + "]\n")
+    (tmp / "huge.toml").write_text("# padding\n" * 200_000)
+    (tmp / "longkey.toml").write_text("k" * 100_000 + " = 1\n")
+    (tmp / "longvalue.toml").write_text('limit = "' + "x" * 100_000 + '"\n')
+
+
+#: A "billion laughs" sweep (issue 40): 700 bytes whose aliases expand to 9^8 values; its error line was 254 MB.
+BOMB_YAML = "rules:\n" + "".join(
+    f"  - &l{k} [{', '.join(['lol'] * 9 if k == 0 else [f'*l{k - 1}'] * 9)}]\n" for k in range(8))
 
 
 _Q = ["--dataset", "{tmp}/q.jsonl", "--question-field", "question", "--answer-field", "answer", "--checker", "gsm8k"]
@@ -137,7 +168,7 @@ CASES = [
     ("generate: --baseline --draft", ["generate", "--prompt", "hi", "--baseline", "--draft", "x.gguf"], ["--draft"]),
     ("generate: non-UTF-8 prompt", ["generate", "--prompt", "hi\udcff"], ["--prompt", "not valid UTF-8", "0xff"]),
     ("generate: non-UTF-8 stop", ["generate", "--prompt", "hi", "--stop", "\udce9"], ["--stop", "0xe9"]),
-    ("generate: n-ctx 0", ["generate", "--prompt", "hi", "--n-ctx", "0"], ["--n-ctx must be an integer >= 1"]),
+    ("generate: n-ctx 0", ["generate", "--prompt", "hi", "--n-ctx", "0"], ["--n-ctx must be an integer in [1, "]),
     ("generate: n-threads -1", ["generate", "--prompt", "hi", "--n-threads", "-1"], ["--n-threads"]),
     ("generate: max-new-tokens 0", ["generate", "--prompt", "hi", "--max-new-tokens", "0"], ["--max-new-tokens"]),
     ("generate: draft-stop 2", ["generate", "--prompt", "hi", "--draft-stop", "2"], ["[0, 1) or auto"]),
@@ -201,21 +232,23 @@ CASES = [
     ("bench: Ray refused", ["bench", "--ray-address", "127.0.0.1:1", "--out", "{tmp}/never", *_Q],
      ["no Ray cluster at 127.0.0.1:1"]),
     ("bench: --out is a file", ["bench", "--out", "{tmp}/afile", *_Q], ["is a file, not a folder"]),
-    ("bench: negative offset", ["bench", "--dry-run", "--offset", "-1", *_Q], ["offset must be >= 0"]),
-    ("bench: zero timeout", ["bench", "--dry-run", "--check-timeout", "0", *_Q], ["check_timeout_s must be"]),
-    ("bench: zero batch", ["bench", "--dry-run", "--batch-size", "0", *_Q], ["--batch-size must be an integer >= 1"]),
-    ("bench: zero workers", ["bench", "--dry-run", "--workers", "0", *_Q], ["--workers must be an integer >= 1"]),
+    ("bench: negative offset", ["bench", "--dry-run", "--offset", "-1", *_Q], ["--offset must be an integer in [0, "]),
+    ("bench: zero timeout", ["bench", "--dry-run", "--check-timeout", "0", *_Q], ["--check-timeout must be"]),
+    ("bench: zero batch", ["bench", "--dry-run", "--batch-size", "0", *_Q],
+     ["--batch-size must be an integer in [1, 4096]"]),
+    ("bench: zero workers", ["bench", "--dry-run", "--workers", "0", *_Q],
+     ["--workers must be an integer in [1, 4096]"]),
     ("bench: empty --rules", ["bench", "--dry-run", "--rules", "", *_Q], ["--rules '' names no rule"]),
     ("bench: stray ';' in --sampling", ["bench", "--dry-run", "--sampling", "temperature=0;", *_Q],
      ["empty sampling setting", "stray ';'"]),
     ("bench: empty --out", ["bench", "--dry-run", "--out", "", *_Q], ["out is empty"]),
     ("bench: budget beyond context", ["bench", "--dry-run", "--max-new-tokens", "5000", *_Q],
      ["cannot fit in the 4096-token context"]),
-    ("bench: nan timeout", ["bench", "--dry-run", "--check-timeout", "nan", *_Q], ["check_timeout_s must be"]),
+    ("bench: nan timeout", ["bench", "--dry-run", "--check-timeout", "nan", *_Q], ["--check-timeout must be"]),
     ("bench: threads, no workers", ["bench", "--dry-run", "--threads-per-worker", "2", *_Q],
      ["--workers N or --ray-address"]),
     ("bench: negative GPUs", ["bench", "--dry-run", "--workers", "1", "--gpus-per-worker", "-1", *_Q],
-     ["gpus_per_worker must be >= 0"]),
+     ["--gpus-per-worker must be a number in [0, 64]"]),
     ("bench: few-shot, not GSM8K", ["bench", "--dry-run", "--few-shot", "2", "--dataset", "{tmp}/q.jsonl",
                                     "--question-field", "question", "--answer-field", "answer", "--checker", "math"],
      ["few_shot is only supported"]),
@@ -237,7 +270,124 @@ CASES = [
     ("regrade --write: zero-byte", ["regrade", "{tmp}/empty.sqlite", "--write"], ["is empty (0 bytes)"]),
     ("diagnose: gamma 1000", ["diagnose", "--gamma", "1000"], ["at most 64"]),
     ("diagnose: gamma auto", ["diagnose", "--gamma", "auto"], ["needs a fixed γ"]),
+    # ---- round 5 (issue 39): the items of the issue
+    ("calibrate: g-max 100", ["calibrate", "--g-max", "100"], ["--g-max must be an integer in [1, 64]", "100"]),
+    ("lm-eval: rule, no draft", ["lm-eval", "--draft-source", "none", "--rule", "lenience:ell=0.5", "--", "--tasks",
+                                 "gsm8k"], ["--draft-source none", "cannot apply", "--baseline"]),
+    ("sweep: device quantum", ["bench", "--sweep", "{tmp}/quantum.toml", "--dry-run"],
+     ["quantum.toml", "--device 'quantum' is not a torch device"]),
+    ("sweep: cuda on the GGUF pair", ["bench", "--sweep", "{tmp}/cuda.toml", "--dry-run"],
+     ["--device 'cuda' applies to transformers models", "the embedded pair", "drop --device"]),
+    ("sweep: dtype on the GGUF pair", ["bench", "--sweep", "{tmp}/half.toml", "--dry-run"],
+     ["--dtype 'float16' applies to transformers models"]),
+    ("generate: --device on GGUF", ["generate", "--prompt", "hi", "--device", "cuda:0"], ["applies to transformers"]),
+    ("generate: --dtype on GGUF", ["generate", "--prompt", "hi", "--dtype", "bfloat16", "--target", "{tmp}/cut.gguf",
+                                   "--draft", "{tmp}/cut.gguf"], ["--dtype 'bfloat16' applies", "GGUF models"]),
+    ("bench: timeout inf", ["bench", "--dry-run", "--check-timeout", "inf", *_Q],
+     ["--check-timeout must be a number of seconds in (0, 3600]", "'inf'"]),
+    ("bench: timeout 1e400", ["bench", "--dry-run", "--check-timeout", "1e400", *_Q], ["--check-timeout", "'1e400'"]),
+    ("bench: timeout 1e9", ["bench", "--dry-run", "--check-timeout", "1e9", *_Q], ["(0, 3600]"]),
+    ("bench: timeout -1", ["bench", "--dry-run", "--check-timeout", "-1", *_Q], ["(0, 3600]"]),
+    ("bench: timeout word", ["bench", "--dry-run", "--check-timeout", "ten", *_Q], ["(0, 3600]", "'ten'"]),
+    ("sweep: timeout inf", ["bench", "--sweep", "{tmp}/inf.toml", "--dry-run"],
+     ["inf.toml: check_timeout_s (--check-timeout) must be a number of seconds in (0, 3600]", "inf"]),
+    ("sweep: timeout 1e400", ["bench", "--sweep", "{tmp}/e400.toml", "--dry-run"], ["e400.toml", "(0, 3600]"]),
+    ("sweep: timeout nan", ["bench", "--sweep", "{tmp}/nan.toml", "--dry-run"], ["nan.toml", "(0, 3600]"]),
+    ("sweep: YAML timeout .inf", ["bench", "--sweep", "{tmp}/inf.yaml", "--dry-run"], ["inf.yaml", "(0, 3600]"]),
+    ("sweep: YAML timeout 1e400", ["bench", "--sweep", "{tmp}/e400.yaml", "--dry-run"], ["e400.yaml", "(0, 3600]"]),
+    ("sweep: timeout 1e9", ["bench", "--sweep", "{tmp}/forever.toml", "--dry-run"], ["(0, 3600]"]),
+    ("bench: GPUs nan", ["bench", "--dry-run", "--workers", "1", "--gpus-per-worker", "nan", *_Q],
+     ["--gpus-per-worker must be a number in [0, 64]", "'nan'"]),
+    ("bench: GPUs inf", ["bench", "--dry-run", "--workers", "1", "--gpus-per-worker", "inf", *_Q], ["[0, 64]"]),
+    ("bench: GPUs 1000", ["bench", "--dry-run", "--workers", "1", "--gpus-per-worker", "1000", *_Q], ["[0, 64]"]),
+    ("generate: empty --stop", ["generate", "--prompt", "hi", "--stop", ""], ["--stop is empty", "drop --stop"]),
+    # ---- the same classes on every other flag: NaN, infinities, out of range, wrong type, empty text
+    ("generate: gamma nan", ["generate", "--prompt", "hi", "--gamma", "nan"], ["γ must be an integer"]),
+    ("generate: gamma 1e400", ["generate", "--prompt", "hi", "--gamma", "1e400"], ["γ must be an integer"]),
+    ("generate: gamma 5000 digits", ["generate", "--prompt", "hi", "--gamma", "9" * 5000], ["γ must be an integer"]),
+    ("generate: gamma 2.5", ["generate", "--prompt", "hi", "--gamma", "2.5"], ["γ must be an integer", "'2.5'"]),
+    ("generate: draft-stop nan", ["generate", "--prompt", "hi", "--draft-stop", "nan"], ["[0, 1) or auto"]),
+    ("generate: draft-stop inf", ["generate", "--prompt", "hi", "--draft-stop=-inf"], ["[0, 1) or auto"]),
+    ("generate: n-ctx 1e400", ["generate", "--prompt", "hi", "--n-ctx", "1e400"], ["--n-ctx must be an integer"]),
+    ("generate: n-ctx huge", ["generate", "--prompt", "hi", "--n-ctx", "99999999"], ["--n-ctx", "[1, 2097152]"]),
+    ("generate: n-threads 100000", ["generate", "--prompt", "hi", "--n-threads", "100000"], ["[1, 4096]"]),
+    ("generate: n-threads nan", ["generate", "--prompt", "hi", "--n-threads", "nan"], ["--n-threads", "'nan'"]),
+    ("generate: max-new-tokens inf", ["generate", "--prompt", "hi", "--max-new-tokens", "inf"], ["--max-new-tokens"]),
+    ("generate: max-new-tokens 2.5", ["generate", "--prompt", "hi", "--max-new-tokens", "2.5"], ["an integer"]),
+    ("generate: seed -1", ["generate", "--prompt", "hi", "--seed", "-1"], ["--seed must be an integer in [0, "]),
+    ("generate: seed 2^64", ["generate", "--prompt", "hi", "--seed", str(2 ** 64)], ["--seed"]),
+    ("generate: seed 1e3", ["generate", "--prompt", "hi", "--seed", "1e3"], ["--seed", "'1e3'"]),
+    ("generate: draft-vocab -5", ["generate", "--prompt", "hi", "--draft-vocab", "-5"], ["--draft-vocab"]),
+    ("generate: draft-vocab nan", ["generate", "--prompt", "hi", "--draft-vocab", "nan"], ["--draft-vocab"]),
+    ("generate: draft-vocab empty", ["generate", "--prompt", "hi", "--draft-vocab", ""], ["--draft-vocab is empty"]),
+    ("generate: empty --prompt", ["generate", "--prompt", " "], ["--prompt is empty"]),
+    ("generate: empty --rule", ["generate", "--prompt", "hi", "--rule", ""], ["--rule is empty"]),
+    ("generate: empty --target", ["generate", "--prompt", "hi", "--target", ""], ["--target is empty"]),
+    ("generate: empty --draft", ["generate", "--prompt", "hi", "--draft", ""], ["--draft is empty"]),
+    ("generate: empty --device", ["generate", "--prompt", "hi", "--device", ""], ["--device is empty"]),
+    ("generate: empty --dtype", ["generate", "--prompt", "hi", "--dtype", ""], ["--dtype is empty"]),
+    ("generate: empty --sampling", ["generate", "--prompt", "hi", "--sampling", ""], ["--sampling is empty"]),
+    ("generate: empty --tree", ["generate", "--prompt", "hi", "--tree", ""], ["--tree is empty"]),
+    ("generate: empty --draft-head", ["generate", "--prompt", "hi", "--draft-head", ""], ["--draft-head is empty"]),
+    ("generate: empty corpus", ["generate", "--prompt", "hi", "--draft-vocab-corpus", ""], ["is empty"]),
+    ("calibrate: g-max nan", ["calibrate", "--g-max", "nan"], ["--g-max"]),
+    ("calibrate: g-max -1", ["calibrate", "--g-max", "-1"], ["--g-max"]),
+    ("calibrate: device on GGUF", ["calibrate", "--device", "cuda"], ["applies to transformers models"]),
+    ("bench: limit 0", ["bench", "--dry-run", "--limit", "0", *_Q], ["--limit must be an integer in [1, "]),
+    ("bench: limit nan", ["bench", "--dry-run", "--limit", "nan", *_Q], ["--limit", "'nan'"]),
+    ("bench: n-samples 0", ["bench", "--dry-run", "--n-samples", "0", *_Q], ["--n-samples"]),
+    ("bench: n-samples 1e9", ["bench", "--dry-run", "--n-samples", "1000000000", *_Q], ["[1, 100000]"]),
+    ("bench: few-shot -1", ["bench", "--dry-run", "--few-shot", "-1", *_Q],
+     ["--few-shot must be an integer in [0, 64]"]),
+    ("bench: few-shot 1000", ["bench", "--dry-run", "--few-shot", "1000", *_Q], ["[0, 64]"]),
+    ("bench: offset 1.5", ["bench", "--dry-run", "--offset", "1.5", *_Q], ["--offset", "'1.5'"]),
+    ("bench: workers 1e9", ["bench", "--dry-run", "--workers", "1000000000", *_Q], ["--workers", "[1, 4096]"]),
+    ("bench: threads/worker nan", ["bench", "--dry-run", "--threads-per-worker", "nan", *_Q], ["--threads-per-worker"]),
+    ("bench: batch 100000", ["bench", "--dry-run", "--batch-size", "100000", *_Q], ["--batch-size", "[1, 4096]"]),
+    ("bench: empty --sweep", ["bench", "--dry-run", "--sweep", "", *_Q], ["--sweep is empty"]),
+    ("bench: empty --dataset", ["bench", "--dry-run", "--dataset", ""], ["--dataset is empty"]),
+    ("bench: empty --data-dir", ["bench", "--dry-run", "--data-dir", "", *_Q], ["--data-dir is empty"]),
+    ("bench: empty --question-field", ["bench", "--dry-run", "--dataset", "{tmp}/q.jsonl", "--question-field", ""],
+     ["--question-field is empty"]),
+    ("bench: empty --ray-address", ["bench", "--dry-run", "--ray-address", "", *_Q], ["--ray-address is empty"]),
+    ("bench: seed -3", ["bench", "--dry-run", "--seed", "-3", *_Q], ["--seed"]),
+    ("sweep: n_ctx 0", ["bench", "--sweep", "{tmp}/nctx.toml", "--dry-run"], ["n_ctx", "[1, 2097152]"]),
+    ("sweep: seed -1", ["bench", "--sweep", "{tmp}/seed.toml", "--dry-run"], ["seed must be an integer in [0, "]),
+    ("sweep: n_samples 1e9", ["bench", "--sweep", "{tmp}/many.toml", "--dry-run"], ["n_samples", "[1, 100000]"]),
+    ("sweep: few_shot 1000", ["bench", "--sweep", "{tmp}/shots.toml", "--dry-run"], ["few_shot", "[0, 64]"]),
+    ("sweep: empty target", ["bench", "--sweep", "{tmp}/notarget.toml", "--dry-run"], ["--target is empty"]),
+    ("sweep: n_threads 0", ["bench", "--sweep", "{tmp}/threads.toml", "--dry-run"], ["n_threads", "[1, 4096]"]),
+    ("sweep: empty rule", ["bench", "--sweep", "{tmp}/emptyrule.toml", "--dry-run"], ["rules holds an empty string"]),
+    ("diagnose: limit 0", ["diagnose", "--limit", "0"], ["--limit"]),
+    ("diagnose: gamma 0", ["diagnose", "--gamma", "0"], ["--gamma must be >= 1"]),
+    ("diagnose: empty --bench", ["diagnose", "--bench", ""], ["--bench is empty"]),
+    ("diagnose: device on GGUF", ["diagnose", "--device", "quantum"], ["not a torch device"]),
+    ("report: empty dir", ["report", ""], ["the bench directory is empty"]),
+    ("regrade: empty dir", ["regrade", ""], ["the bench directory is empty"]),
+    ("lm-eval: gamma 2.5", ["lm-eval", "--gamma", "2.5", "--", "--tasks", "gsm8k"], ["γ must be an integer"]),
+    ("lm-eval: seed -1", ["lm-eval", "--seed", "-1", "--", "--tasks", "gsm8k"], ["--seed"]),
+    ("lm-eval: batch 0", ["lm-eval", "--batch-size", "0", "--", "--tasks", "gsm8k"], ["--batch-size"]),
+    ("lm-eval: empty rule", ["lm-eval", "--rule", "", "--", "--tasks", "gsm8k"], ["--rule is empty"]),
+    ("lm-eval: gamma, baseline", ["lm-eval", "--baseline", "--gamma", "3", "--", "--tasks", "gsm8k"],
+     ["--baseline decodes the target alone", "--gamma", "would be ignored"]),
+    ("lm-eval: tree, no draft", ["lm-eval", "--draft-source", "none", "--tree", "2,1", "--", "--tasks", "gsm8k"],
+     ["--tree", "would be ignored"]),
+    ("lm-eval: device on GGUF", ["lm-eval", "--device", "quantum", "--", "--tasks", "gsm8k"], ["not a torch device"]),
+    ("lm-eval: n-ctx nan", ["lm-eval", "--n-ctx", "nan", "--", "--tasks", "gsm8k"], ["--n-ctx"]),
+    # ---- issue 40: hostile sweep files
+    ("sweep: YAML alias bomb", ["bench", "--sweep", "{tmp}/bomb.yaml", "--dry-run"],
+     ["bomb.yaml", "expand to more than 100000 values"]),
+    ("sweep: YAML alias loop", ["bench", "--sweep", "{tmp}/loop.yaml", "--dry-run"], ["refers to the collection"]),
+    ("sweep: YAML 5000 deep", ["bench", "--sweep", "{tmp}/deep.yaml", "--dry-run"], ["nested more than 32 levels"]),
+    ("sweep: TOML 5000 deep", ["bench", "--sweep", "{tmp}/deep.toml", "--dry-run"], ["nested more than 32 levels"]),
+    ("sweep: 120000 values", ["bench", "--sweep", "{tmp}/wide.yaml", "--dry-run"], ["more than 100000 values"]),
+    ("sweep: 2 MB file", ["bench", "--sweep", "{tmp}/huge.toml", "--dry-run"], ["bytes is far more than a sweep"]),
+    ("sweep: 100 kB key", ["bench", "--sweep", "{tmp}/longkey.toml", "--dry-run"], ["unknown sweep key 'kkkk"]),
+    ("sweep: 100 kB value", ["bench", "--sweep", "{tmp}/longvalue.toml", "--dry-run"], ["limit must be an integer"]),
 ]
+
+#: The longest error line any case of the table may print (user data is quoted in excerpts).
+MAX_LINE = 600
 
 
 @pytest.mark.parametrize("name, argv, needles", CASES, ids=[c[0] for c in CASES])
@@ -251,16 +401,59 @@ def test_bad_input_gets_one_clear_line_and_exit_2(name, argv, needles, tmp_path,
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     t0 = time.monotonic()
     code, _, err = run_cli(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in argv])
-    assert_clear_error(code, err, *needles)
+    last = assert_clear_error(code, err, *needles)
+    assert len(last.encode()) <= MAX_LINE, (len(last), last[:300])
     assert time.monotonic() - t0 < 60   # no hang (the Ray cases answer in well under a second)
     # nothing lost or rewritten: every input file is as it was, nothing new beside them
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "never").exists()
 
 
+# --------------------------------------------------------------------------------------------------
+# The environment: (case, variables, what the error line must say). Each runs `verispec rules`, which has
+# nothing to refuse itself: the line comes from the check of the environment, before the command.
+
+ENV_CASES = [
+    ("VERISPEC_THREADS=0", {"VERISPEC_THREADS": "0"}, ["VERISPEC_THREADS must be an integer in [1, 4096]", "'0'"]),
+    ("VERISPEC_THREADS=-2", {"VERISPEC_THREADS": "-2"}, ["VERISPEC_THREADS", "'-2'", "unset it"]),
+    ("VERISPEC_THREADS=nan", {"VERISPEC_THREADS": "nan"}, ["VERISPEC_THREADS", "'nan'"]),
+    ("VERISPEC_THREADS=inf", {"VERISPEC_THREADS": "inf"}, ["VERISPEC_THREADS", "'inf'"]),
+    ("VERISPEC_THREADS=1e400", {"VERISPEC_THREADS": "1e400"}, ["VERISPEC_THREADS"]),
+    ("VERISPEC_THREADS=2.5", {"VERISPEC_THREADS": "2.5"}, ["VERISPEC_THREADS", "'2.5'"]),
+    ("VERISPEC_THREADS=four", {"VERISPEC_THREADS": "four"}, ["VERISPEC_THREADS", "'four'"]),
+    ("VERISPEC_THREADS=100000", {"VERISPEC_THREADS": "100000"}, ["VERISPEC_THREADS", "[1, 4096]"]),
+    ("VERISPEC_THREADS=5000 digits", {"VERISPEC_THREADS": "7" * 5000}, ["VERISPEC_THREADS"]),
+    ("VERISPEC_CACHE=a file", {"VERISPEC_CACHE": "{tmp}/afile"}, ["VERISPEC_CACHE=", "is a file", "folder"]),
+    ("VERISPEC_DATA=a file", {"VERISPEC_DATA": "{tmp}/afile"}, ["VERISPEC_DATA=", "is a file"]),
+    ("VERISPEC_DEBUG=0 keeps one line", {"VERISPEC_DEBUG": "0", "VERISPEC_THREADS": "0"}, ["VERISPEC_THREADS"]),
+]
+
+
+@pytest.mark.parametrize("name, env, needles", ENV_CASES, ids=[c[0] for c in ENV_CASES])
+def test_bad_environment_gets_one_clear_line_and_exit_2(name, env, needles, tmp_path, monkeypatch, capsys):
+    _files(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.replace("{tmp}", str(tmp_path)))
+    code, out, err = run_cli(capsys, "rules")
+    last = assert_clear_error(code, err, *needles)
+    assert len(last.encode()) <= MAX_LINE and out == ""
+
+
+def test_good_environment_values_pass(monkeypatch, capsys):
+    """An empty VERISPEC_THREADS is unset (as llama.cpp's backend reads it); a count in range is taken."""
+    from verispec.runtime import env_threads
+
+    for value, expected in (("", None), ("  ", None), ("4", 4), (" 12 ", 12), ("4096", 4096)):
+        monkeypatch.setenv("VERISPEC_THREADS", value)
+        assert env_threads() == expected
+        code, out, _ = run_cli(capsys, "rules")
+        assert code == 0 and "lossless" in out
+
+
 def test_the_sweep_counts():
     """Every case of the table is a distinct kind of bad input (the report's count reads this)."""
-    assert len({c[0] for c in CASES}) == len(CASES) >= 80
+    assert len({c[0] for c in CASES}) == len(CASES) >= 175
+    assert len({c[0] for c in ENV_CASES}) == len(ENV_CASES) >= 10
 
 
 # --------------------------------------------------------------------------------------------------
@@ -520,3 +713,88 @@ def test_the_vllm_engine_where_vllm_is_not_installed_is_one_clear_line(tmp_path,
     assert cli.main(["bench", "--engine", "vllm", "--dry-run", "--out", str(tmp_path / "o")]) == 2
     assert "scripts/setup_vllm.sh" in capsys.readouterr().err
     assert cli.main(["bench", "--vllm-option", "dtype=float32", "--dry-run", "--out", str(tmp_path / "o")]) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Round 5 (issues 39, 40): bounded error lines, the YAML bomb, --draft-vocab, --g-max
+
+
+def test_the_yaml_bomb_is_refused_unexpanded_in_one_short_line(tmp_path, capsys):
+    """700 bytes of nested aliases (9^8 values) made a 254 MB error line: the node graph is counted, each node
+    once, before any value is built. The CPU bound is one of correctness (nothing is expanded), not speed."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB_YAML)
+    assert len(BOMB_YAML) < 1000
+    t0 = time.process_time()
+    code, _, err = run_cli(capsys, "bench", "--sweep", bomb, "--dry-run")
+    assert time.process_time() - t0 < 5
+    last = assert_clear_error(code, err, "expand to more than 100000 values")
+    print(f"sweep bomb: {len(BOMB_YAML)}-byte file, error line {len(last.encode())} bytes")
+    assert len(last.encode()) < 400
+
+
+def test_values_quoted_in_errors_are_excerpts():
+    """``shown`` walks a few levels and items of any value (a 9^8 structure sharing one list costs microseconds)
+    and cuts the text; ``check_field_types`` and ``bounded`` use it."""
+    from verispec.commands import bounded
+    from verispec.params import SHOWN_CHARS, shown
+
+    nested: list = ["lol"] * 9
+    for _ in range(8):
+        nested = [nested] * 9
+    t0 = time.process_time()
+    text = shown(nested)
+    assert time.process_time() - t0 < 1 and len(text) <= SHOWN_CHARS and text.startswith("[[[")
+    assert len(shown("x" * 10**6)) == SHOWN_CHARS
+    cfg = runner.BenchConfig(rules=nested)
+    with pytest.raises(ValueError, match="rules must be a list of strings") as err:
+        cfg.validate()
+    assert len(str(err.value)) < 300
+    line = bounded("y" * 10**6)
+    assert len(line) < 2100 and line.endswith("(998000 more characters)")
+    assert bounded("two\nlines") == "two lines"
+
+
+def test_check_number_refuses_every_kind_of_bad_number():
+    from verispec.params import check_number
+
+    bad = ["nan", "inf", "-inf", "1e400", "", "  ", "ten", "0x10", "9" * 5000, float("nan"), float("inf"), True,
+           None, [3], "3.5", 3.5]
+    for value in bad:
+        with pytest.raises(ValueError, match=r"n must be an integer in \[1, 10\], got"):
+            check_number(value, "n", kind=int, lo=1, hi=10)
+    assert check_number(" 7 ", "n", kind=int, lo=1, hi=10) == 7 and check_number(10, "n", kind=int, lo=1, hi=10) == 10
+    for value in ("0", 0, -1e-9, "10.000001", float("nan"), "1e400", False):
+        with pytest.raises(ValueError, match=r"t must be a number of seconds in \(0, 10\], got"):
+            check_number(value, "t", lo=0.0, hi=10.0, lo_open=True, unit="seconds")
+    assert check_number("2.5", "t", lo=0.0, hi=10.0, lo_open=True) == 2.5
+
+
+def test_draft_vocab_beyond_the_vocabulary_is_refused():
+    from types import SimpleNamespace
+
+    from tests.helpers.fake_lm import FakeLM
+    from verispec.cli import _reduced_draft
+
+    draft = FakeLM(vocab=40, seed=0)
+    args = SimpleNamespace(draft_vocab=10_000_000, draft_vocab_corpus=None)
+    with pytest.raises(ValueError, match="--draft-vocab 10000000 is beyond the draft's vocabulary of 40 tokens: "
+                                         "give at most 40, or full"):
+        _reduced_draft(args, draft)
+
+
+def test_calibration_is_bounded_and_says_how_far_it_got():
+    """``--g-max`` is capped at γ's own maximum (the time grows with its square: 100 ran past any limit without a
+    word), and the measurement reports each stage."""
+    from tests.helpers.fake_lm import FakeLM
+    from verispec.engine.calibrate import measure_profile
+
+    target, draft = FakeLM(vocab=12, seed=1), FakeLM(vocab=12, seed=2)
+    for g_max in (0, 65, 100, 2.5, True):
+        with pytest.raises(ValueError, match=r"g_max must be an integer in \[1, 64\]"):
+            measure_profile(target, draft, [0, 1], g_max=g_max)
+    heard: list[str] = []
+    measure_profile(target, draft, [0, 1], g_max=3, repeats=2, progress=heard.append)
+    assert heard[0] == "timing forwards: round 1 of 2, target blocks of 1..4 tokens"
+    assert heard[1].startswith("timing forwards: round 2 of 2") and "s so far" in heard[1]
+    assert heard[2].startswith("timing the engine's own work")

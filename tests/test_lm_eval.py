@@ -199,6 +199,71 @@ def test_verispec_lm_eval_refuses_bad_flags_before_running(capsys):
         VerispecLM(colour="red")
 
 
+BAD_MODEL_ARGS = [
+    ({"gamma": 2.5}, r"model_args gamma must be an integer in \[1, 64\], got 2.5 \(or auto\)"),
+    ({"gamma": "five"}, "model_args gamma must be an integer"),
+    ({"gamma": 0}, "model_args gamma"),
+    ({"baseline": "maybe"}, "model_args baseline must be true or false, got 'maybe'"),
+    ({"batch_invariant": 2}, "model_args batch_invariant must be true or false"),
+    ({"add_bos_token": "sometimes"}, "model_args add_bos_token"),
+    ({"seed": -1}, r"model_args seed must be an integer in \[0, "),
+    ({"rows": 0}, r"model_args rows must be an integer in \[1, 4096\]"),
+    ({"rows": 1.5}, "model_args rows"),
+    ({"max_gen_toks": float("inf")}, "model_args max_gen_toks"),
+    ({"n_ctx": "big"}, "model_args n_ctx"),
+    ({"n_threads": 0}, "model_args n_threads"),
+    ({"rule": ""}, "model_args rule must be a non-empty string"),
+    ({"tree": ""}, "model_args tree must be a non-empty string"),
+    ({"target": ""}, "model_args target"),
+    ({"draft_source": "quantum"}, "model_args draft_source must be one of model, ngram, none"),
+    ({"draft_source": "none", "rule": "lenience:ell=0.5"}, "draft_source=none decodes the target alone, so "
+                                                           "rule=lenience:ell=0.5 cannot apply"),
+    ({"device": "quantum"}, "--device 'quantum' is not a torch device"),
+    ({"dtype": "float16"}, "--dtype 'float16' applies to transformers models"),
+]
+
+
+@pytest.mark.parametrize("kwargs, says", BAD_MODEL_ARGS, ids=[str(k) for k, _ in BAD_MODEL_ARGS])
+def test_bad_model_args_are_refused_before_any_model_loads(kwargs, says):
+    """lm_eval hands model_args over as it parsed them (``gamma=2.5`` a float, ``baseline=maybe`` a string):
+    each is refused by name before anything is loaded (the embedded pair is the default: nothing here loads it)."""
+    from verispec.integrations.lm_eval_model import VerispecLM
+
+    with pytest.raises(ValueError, match=says):
+        VerispecLM(**kwargs)
+
+
+def test_bad_model_args_through_lm_eval_s_command_line(tmp_path, task_dir, monkeypatch, capsys):
+    """`verispec lm-eval -- --model_args gamma=2.5` and `baseline=maybe`: one error line, status 2."""
+    from lm_eval.tasks import TaskManager
+
+    from verispec.integrations.lm_eval import main
+
+    index = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__",
+                        lambda self, *a, **kw: index(self, *a, **{"include_defaults": False, **kw}))
+    for args, says in (("gamma=2.5", "model_args gamma must be an integer in [1, 64], got 2.5"),
+                       ("baseline=maybe", "model_args baseline must be true or false, got 'maybe'")):
+        rc = main(["--", "--model_args", args, "--tasks", "gsm8k_local", "--include_path", str(task_dir),
+                   "--limit", "1"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err, err
+        assert [x for x in err.splitlines() if x.strip()][-1].startswith(f"verispec: error: {says}")
+
+
+def test_bad_gen_kwargs_are_refused(pair):
+    from verispec.integrations.lm_eval_model import VerispecLM
+
+    lm = VerispecLM(backends=(pair.target_rows, pair.draft_rows, pair.target, pair.draft))
+    with pytest.raises(ValueError, match="gen_kwargs baseline must be true or false, got 'maybe'"):
+        lm.decoding({"baseline": "maybe"})
+    with pytest.raises(ValueError, match="gen_kwargs temperature must be a number >= 0"):
+        lm.decoding({"do_sample": True, "temperature": float("nan")})
+    with pytest.raises(ValueError, match="gen_kwargs do_sample must be true or false"):
+        lm.decoding({"do_sample": "perhaps"})
+    assert lm.decoding({"baseline": "false", "do_sample": 1, "temperature": 0.5}).sampling.temperature == 0.5
+
+
 def test_model_args_and_gen_kwargs_override_the_command_line_flags(pair):
     """`verispec lm-eval`'s flags are the defaults of the model's arguments; --model_args override them, and a
     task's gen_kwargs (verification, baseline, sampling) override both for its requests."""

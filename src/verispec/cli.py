@@ -19,7 +19,7 @@ import sys
 from verispec import __version__, flags
 from verispec.commands import run_command
 from verispec.runtime import tune_process
-from verispec.settings import check_token_budget
+from verispec.settings import MAX_GAMMA, check_model_settings, check_token_budget
 
 
 def cmd_demo(args) -> int:
@@ -129,7 +129,8 @@ def cmd_generate(args) -> int:
         lookup = lookup_for(args, DEFAULT_G_MAX if args.gamma == "auto" else args.gamma)
         if not args.no_cost_model and args.tree is None and head is None and (draft is not None or lookup is not None):
             g_max = DEFAULT_G_MAX if args.gamma == "auto" else max(DEFAULT_G_MAX, args.gamma)
-            costs, measured = cached_profile(target, draft, prompt_ids, n_threads=args.n_threads, g_max=g_max)
+            costs, measured = cached_profile(target, draft, prompt_ids, n_threads=args.n_threads, g_max=g_max,
+                                             progress=None if args.json else _progress_line)
             if measured and not args.json:
                 print("(measured this machine's call costs once; cached for the next runs)", file=sys.stderr)
         result = generate(
@@ -152,6 +153,10 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _progress_line(message: str) -> None:
+    print(f"(measuring this machine's call costs: {message})", file=sys.stderr, flush=True)
+
+
 def _reduced_draft(args, draft):
     """The draft with ``--draft-vocab`` output tokens (ranked on ``--draft-vocab-corpus``), or as loaded."""
     if getattr(args, "draft_vocab", None) is None:
@@ -161,6 +166,10 @@ def _reduced_draft(args, draft):
     if draft is None:
         raise ValueError("--draft-vocab reduces a draft model's output layer: it needs a draft model (not --draft "
                          "ngram or --draft-head)")
+    vocab = int(draft.vocab_size)
+    if args.draft_vocab > vocab:
+        raise ValueError(f"--draft-vocab {args.draft_vocab} is beyond the draft's vocabulary of {vocab} tokens: give "
+                         f"at most {vocab}, or full for no reduction")
     from verispec.models.draft_vocab import draft_vocabulary, with_draft_vocab
 
     return with_draft_vocab(draft, draft_vocabulary(draft, args.draft_vocab, args.draft_vocab_corpus))
@@ -185,6 +194,7 @@ def check_generate_flags(args) -> None:
                              f"{'them' if many else 'it'} or --baseline")
     if args.gamma != "auto" and args.gamma < 1:
         raise ValueError(f"--gamma must be >= 1 or auto, got {args.gamma}")
+    check_model_settings(args, need_draft=not args.baseline and not args.draft_head)
     check_token_budget(args, args.max_new_tokens)
     if args.draft_head and args.lookup:
         raise ValueError("--draft-head drafts with an EAGLE-3 head; --lookup drafts with prompt lookup beside a draft "
@@ -197,8 +207,7 @@ def cmd_calibrate(args) -> int:
     from verispec.models import load_pair
 
     g_max = DEFAULT_G_MAX if args.g_max is None else args.g_max
-    if g_max < 1:
-        raise ValueError(f"--g-max must be >= 1, got {g_max}")
+    check_model_settings(args)
     target, draft, _ = load_pair(args)   # --draft ngram: no draft model, the target's costs alone (lookup)
     for backend in (target, draft):     # transformers, weight-major: its plan per row count is timed again too
         if getattr(backend, "row_plan", None) is not None:
@@ -208,7 +217,8 @@ def cmd_calibrate(args) -> int:
             print(f"{backend.name}: linear products per row count: {describe_plan(backend.row_plan)}")
     draft = _reduced_draft(args, draft)
     prompt = target.chat_prompt("Write a Python function that returns the n-th Fibonacci number.")
-    prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True)
+    prof, _ = cached_profile(target, draft, prompt, n_threads=args.n_threads, g_max=g_max, refresh=True,
+                             progress=_progress_line)
     if prof.has_draft:
         pair = prof.draft_pair or prof.draft_token
         print(f"draft forward of 1 / 2 tokens {1e3 * prof.draft_token:.1f} / {1e3 * pair:.1f} ms, target token "
@@ -244,15 +254,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text with speculative decoding (or --baseline target-only)")
     flags.track_explicit(p)   # --baseline refuses the SD flags given with it
-    p.add_argument("--prompt", required=True, type=flags.utf8_text("--prompt"))
+    p.add_argument("--prompt", required=True, type=flags.text("--prompt", "the text to answer or continue"))
     p.add_argument("--system", default=None, type=flags.utf8_text("--system"),
                    help="system message for the chat template")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--rule", default="lossless", help="verification rule spec (see `verispec rules`)")
+    p.add_argument("--rule", default="lossless", type=flags.text("--rule", "a rule spec (`verispec rules` lists them)"),
+                   help="verification rule spec (see `verispec rules`)")
     p.add_argument("--baseline", action="store_true",
                    help="target-only decoding with the same sampling plus the rule's true-baseline truncation; "
                    "no draft loaded")
-    p.add_argument("--stop", action="append", default=[], type=flags.utf8_text("--stop"),
+    p.add_argument("--stop", action="append", default=[],
+                   type=flags.text("--stop", "the text to stop at (an empty stop string would end every generation "
+                                   "before its first token)"),
                    help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON record")
     p.add_argument("--no-cost-model", action="store_true",
@@ -262,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the cost model decides token by token whether one more draft token pays (default: auto with "
                    "--gamma auto and a draft model without --lookup, else 0; --gamma auto --draft-stop 0: the cost "
                    "model chooses each step's γ alone)")
-    p.add_argument("--draft-head", default=None,
+    p.add_argument("--draft-head", default=None, type=flags.text("--draft-head", "an EAGLE-3 head's directory"),
                    help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
                    "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")
     flags.add_model_flags(p)
@@ -272,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("calibrate", help="measure this machine's call costs for a model pair (cached; used by "
                        "--gamma auto and the cost-model speedup)")
-    p.add_argument("--g-max", type=flags.positive_int("--g-max"), default=None,
-                   help="longest draft measured (default 8)")
+    p.add_argument("--g-max", type=flags.positive_int("--g-max", MAX_GAMMA), default=None,
+                   help=f"longest draft measured (default: the one --gamma auto uses; at most {MAX_GAMMA}): every "
+                   "length up to it is timed, minutes on a CPU at the top of the range")
     flags.add_model_flags(p)
     flags.add_draft_vocab_flags(p)
     p.set_defaults(func=cmd_calibrate)

@@ -9,22 +9,43 @@ import argparse
 import os
 import sys
 
+#: The longest error line printed: user data quoted in a message is cut where it is quoted
+#: (:func:`verispec.params.shown`); this bounds every other line (a 254 MB line came from a YAML bomb).
+MAX_ERROR_CHARS = 2000
+
+
+def debug_enabled() -> bool:
+    """``VERISPEC_DEBUG`` set to anything but empty, ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get("VERISPEC_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
 
 def run_command(args: argparse.Namespace) -> int:
-    """``args.func(args)`` (a subcommand's handler) -> its exit status, errors turned into one line."""
+    """``args.func(args)`` (a subcommand's handler) -> its exit status, errors turned into one line; the
+    environment is checked first (:func:`verispec.runtime.check_environment`)."""
+    from verispec.runtime import check_environment
+
     try:
+        check_environment()
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("verispec: interrupted (a bench keeps every stored sample: the same command resumes it)", file=sys.stderr)
         return 130
     except Exception as exc:
-        if os.environ.get("VERISPEC_DEBUG"):
+        if debug_enabled():
             raise
         code, text = error_text(exc)
         if text is None:
             raise
-        print(f"verispec: error: {text}", file=sys.stderr)
+        print(f"verispec: error: {bounded(text)}", file=sys.stderr)
         return code
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters (saying how many were left out)."""
+    line = " ".join(text.split()) if "\n" in text or "\r" in text else text
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}… ({len(line) - limit} more characters)"
 
 
 #: optional dependency -> the verispec extra that installs it

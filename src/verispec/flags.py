@@ -12,7 +12,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from verispec.settings import MAX_GAMMA, ClusterSettings, ModelSettings
+from verispec.params import check_number, shown
+from verispec.settings import (
+    MAX_BATCH_ROWS,
+    MAX_GAMMA,
+    MAX_GPUS_PER_WORKER,
+    MAX_N_CTX,
+    MAX_SEED,
+    MAX_THREADS,
+    MAX_WORKERS,
+    ClusterSettings,
+    ModelSettings,
+)
 from verispec.tasks.checkers import CHECKERS
 
 _EXPLICIT = "_explicit_flags"
@@ -55,20 +66,22 @@ def explicit(args: argparse.Namespace) -> frozenset[str]:
 
 def add_model_flags(ap: argparse.ArgumentParser) -> None:
     d = ModelSettings()
-    ap.add_argument("--target", default=d.target,
+    model = "a .gguf path, a Hugging Face id or a model directory"
+    ap.add_argument("--target", default=d.target, type=text("--target", model),
                     help="target model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-1.5B)")
-    ap.add_argument("--draft", default=d.draft,
+    ap.add_argument("--draft", default=d.draft, type=text("--draft", f"{model}, or ngram"),
                     help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B), "
                     "or ngram: prompt-lookup drafting without a draft model")
     ap.add_argument("--lookup", action="store_true", default=d.lookup,
                     help="prompt-lookup drafting beside the draft model: draft the n-gram continuation when the "
                     "text's suffix occurred before, the draft model otherwise (chains)")
-    ap.add_argument("--n-threads", type=positive_int("--n-threads"), default=d.n_threads,
-                    help="llama.cpp threads (default: all cores)")
-    ap.add_argument("--n-ctx", type=positive_int("--n-ctx"), default=d.n_ctx,
+    ap.add_argument("--n-threads", type=positive_int("--n-threads", MAX_THREADS), default=d.n_threads,
+                    help="llama.cpp threads (default: $VERISPEC_THREADS, else all cores)")
+    ap.add_argument("--n-ctx", type=positive_int("--n-ctx", MAX_N_CTX), default=d.n_ctx,
                     help="context length for llama.cpp models")
-    ap.add_argument("--device", default=d.device, help="device for transformers models (cpu, cuda, ...)")
-    ap.add_argument("--dtype", default=d.dtype,
+    ap.add_argument("--device", default=d.device, type=text("--device", "a torch device such as cpu or cuda"),
+                    help="device for transformers models (cpu, cuda, ...)")
+    ap.add_argument("--dtype", default=d.dtype, type=text("--dtype", "a dtype such as float32 or bfloat16"),
                     help="dtype for transformers models (float32, bfloat16, float16, float64)")
 
 
@@ -77,17 +90,21 @@ def add_draft_vocab_flags(ap: argparse.ArgumentParser) -> None:
     (:mod:`verispec.models.draft_vocab`)."""
     from verispec.models.draft_vocab import parse_size
 
-    def size(text: str) -> int | None:
+    def size(value: str) -> int | None:
+        if not value.strip():
+            raise argparse.ArgumentTypeError("--draft-vocab is empty: give a number of tokens (e.g. 32768 or 32k), "
+                                             "auto or full")
         try:
-            return parse_size(text)
+            return parse_size(value)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+            raise argparse.ArgumentTypeError(shown(str(exc), 300)) from None
 
     ap.add_argument("--draft-vocab", type=size, default=None,
                     help="the draft drafts from its N most frequent output tokens only (e.g. 32768 or 32k; auto: "
                     "32768; full: all): a cheaper draft forward (transformers: only those rows of its output "
                     "layer; llama.cpp: a GGUF cut to them, written once to the cache); lossless rules stay exact")
     ap.add_argument("--draft-vocab-corpus", action="append", default=None,
+                    type=text("--draft-vocab-corpus", "a text, code or JSONL file"),
                     help="text, code or JSONL file whose token counts rank the draft's vocabulary (repeatable; "
                     "default: the Python standard library's sources, read locally)")
 
@@ -100,25 +117,47 @@ def gamma_value(text: str, allow_auto: bool) -> int | str:
         raise argparse.ArgumentTypeError("'auto' is available in `verispec generate` and `verispec bench`; "
                                          "this command needs a fixed γ")
     try:
-        value = int(text)
+        value = int(text) if len(text) < 100 else None
     except ValueError:
+        value = None
+    if value is None:
         raise argparse.ArgumentTypeError(f"γ must be an integer >= 1{' or auto' if allow_auto else ''}, "
-                                         f"got {text!r}") from None
+                                         f"got {shown(text)}")
     if value > MAX_GAMMA:   # below 1: checked by the command, with its own message
         raise argparse.ArgumentTypeError(f"γ = {value} drafts far more than any target accepts in one call: give at "
                                          f"most {MAX_GAMMA} (3-8 is usual on CPUs){' or auto' if allow_auto else ''}")
     return value
 
 
-def positive_int(what: str):
-    """An argparse type: an integer >= 1 (``what`` names it in the error)."""
-    def parse(text: str) -> int:
+def number(what: str, **bounds):
+    """An argparse type: a finite number within ``bounds`` (:func:`verispec.params.check_number`: ``kind``,
+    ``lo``, ``hi``, ``lo_open``, ``hi_open``, ``unit``); NaN, infinities, ``1e400`` and words are refused with
+    ``what`` named."""
+    def parse(value: str) -> int | float:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be an integer >= 1, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{what} must be an integer >= 1, got {value}")
+            return check_number(value, what, **bounds)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def positive_int(what: str, hi: int | None = None):
+    """An argparse type: an integer >= 1, at most ``hi`` (``what`` names it in the error)."""
+    return number(what, kind=int, lo=1, hi=hi)
+
+
+def seed_value(what: str = "--seed"):
+    """An argparse type: a seed, an integer in ``0..2^63-1`` (what torch's and numpy's generators take)."""
+    return number(what, kind=int, lo=0, hi=MAX_SEED)
+
+
+def text(what: str, meaning: str = ""):
+    """An argparse type: non-empty UTF-8 text (an empty value, e.g. an unset shell variable, would mean nothing
+    or silently the default). ``meaning`` completes "give ..." in the error."""
+    def parse(value: str) -> str:
+        check_utf8(value, what)
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"{what} is empty: give {meaning or 'a value'}, or drop {what}")
         return value
     return parse
 
@@ -147,28 +186,30 @@ def add_decoding_flags(ap: argparse.ArgumentParser, *, allow_auto_gamma: bool = 
     """``--sampling``, ``--gamma``, ``--max-new-tokens``, ``--seed`` with the defaults of ``generate``
     (``bench`` and ``diagnose`` reset the first three to ``None``: their configs hold the defaults)."""
     ap.add_argument("--sampling", default="temperature=1",
+                    type=text("--sampling", "a sampling pipeline such as temperature=0.7,top_p=0.8"),
                     help="sampling pipeline, e.g. temperature=0.7,top_p=0.8,top_k=20 (temperature=0: greedy)")
     auto = " or auto (chosen per step by the machine's cost model; `verispec calibrate`)" if allow_auto_gamma else ""
     ap.add_argument("--gamma", type=lambda t: gamma_value(t, allow_auto_gamma), default=5,
                     help=f"draft tokens per target call γ: an integer >= 1{auto}")
-    ap.add_argument("--tree", default=None,
+    ap.add_argument("--tree", default=None, type=text("--tree", "a tree spec such as 4,2,2,1"),
                     help="draft a tree instead of a chain of γ tokens: 4,2,2,1 (top-k candidates per depth), "
                     "iid:4,2 or wor:4,2 (sampled children), dynamic:top_k=10,depth=5,nodes=60 (EAGLE-2); "
                     "bench: several separated by ';', chain:5 for the chain of γ 5")
-    ap.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=256)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens", MAX_N_CTX), default=256)
+    ap.add_argument("--seed", type=seed_value(), default=0)
 
 
 def add_dataset_flags(ap: argparse.ArgumentParser, dataset_help: str) -> None:
     """The dataset-source flags shared by ``bench`` and ``diagnose`` (their own ``--limit``/``--offset``
     carry their own defaults)."""
-    ap.add_argument("--dataset", action="append", default=None, help=dataset_help)
-    ap.add_argument("--data-dir", default=None,
+    ap.add_argument("--dataset", action="append", default=None, help=dataset_help,
+                    type=text("--dataset", "a dataset name or a JSONL path"))
+    ap.add_argument("--data-dir", default=None, type=text("--data-dir", "the folder of the offline datasets"),
                     help="folder with the offline datasets "
                     "(default: $VERISPEC_DATA, else ~/.local/share/verispec/data)")
-    ap.add_argument("--question-field", default=None)
-    ap.add_argument("--answer-field", default=None)
-    ap.add_argument("--id-field", default=None)
+    ap.add_argument("--question-field", default=None, type=text("--question-field", "a field name of the rows"))
+    ap.add_argument("--answer-field", default=None, type=text("--answer-field", "a field name of the rows"))
+    ap.add_argument("--id-field", default=None, type=text("--id-field", "a field name of the rows"))
     ap.add_argument("--checker", default=None, choices=list(CHECKERS))
     ap.add_argument("--on-bad-row", default="skip", choices=["skip", "error"])
 
@@ -183,22 +224,22 @@ def add_cluster_flags(ap) -> None:
     (:class:`~verispec.settings.ClusterSettings`; no result depends on them)."""
     g = ap.add_argument_group("Ray workers", "generate the work on Ray workers, each holding one model pair; "
                               "the store, the resumption and the results are those of a run in this process")
-    g.add_argument("--workers", type=positive_int("--workers"), default=None,
+    g.add_argument("--workers", type=positive_int("--workers", MAX_WORKERS), default=None,
                    help="start a local Ray cluster with N workers (with --ray-address: N workers on that cluster; "
                    "default there: as many as its CPUs / GPUs hold)")
-    g.add_argument("--ray-address", default=None,
+    g.add_argument("--ray-address", default=None, type=text("--ray-address", "host:port or auto"),
                    help="join a running Ray cluster (`ray start --head` prints it; auto: this machine's cluster)")
-    g.add_argument("--threads-per-worker", type=positive_int("--threads-per-worker"), default=None,
+    g.add_argument("--threads-per-worker", type=positive_int("--threads-per-worker", MAX_THREADS), default=None,
                    help="CPU threads of each worker: its llama.cpp n_threads and torch threads, and the CPUs Ray "
                    "reserves for it (default: --n-threads, else the CPUs divided among --workers, else 1)")
-    g.add_argument("--batch-size", type=positive_int("--batch-size"), default=None,
+    g.add_argument("--batch-size", type=positive_int("--batch-size", MAX_BATCH_ROWS), default=None,
                    help="decode N samples of a run together in this process (continuous batching on batched "
                    "backends; chains only: no --tree, --lookup or --gamma auto)")
     g.add_argument("--batch-invariant", action="store_true",
                    help="with --batch-size: compute each row alone (one model call per row), so every output is "
                    "bitwise that of --batch-size 1 whatever the batch; costs the batching speed-up "
                    "(docs/reproducibility.md)")
-    g.add_argument("--gpus-per-worker", type=float, default=0.0,
+    g.add_argument("--gpus-per-worker", type=number("--gpus-per-worker", lo=0.0, hi=MAX_GPUS_PER_WORKER), default=0.0,
                    help="GPUs Ray reserves for each worker (fractions share a GPU); the worker sees only those")
 
 

