@@ -310,11 +310,13 @@ def has_close_elements(numbers, threshold):
 
 # ------------------------------------------------------------------------------ memory
 #: Values whose report lines are the costliest the grader admits per byte of text (cf.
-#: tests/test_grader_channel.py), sized so that HumanEval/0's 7 calls stay within KEEP_REPORT_BYTES.
-#: Kept decoded (before issue 34) the grader's peak was 69 and 79 MiB; kept as text, 19 and 22 MiB.
+#: tests/test_grader_channel.py), sized so that HumanEval/0's 7 calls stay within KEEP_REPORT_BYTES
+#: (True) or pass it on the third call (False).  Kept decoded (before issue 34) the first two
+#: cost the grader a 69 and a 79 MiB peak; kept as text, 19 and 22 MiB.
 _COSTLY = {
-    "one-element sets": "[{i} for i in range(30000)]",
-    "3-character strings": "[chr(65 + i % 26) + chr(97 + i // 26 % 26) + str(i % 7) for i in range(160000)]",
+    "one-element sets": ("[{i} for i in range(30000)]", True),
+    "3-character strings": ("[chr(65 + i % 26) + chr(97 + i // 26 % 26) + str(i % 7) for i in range(160000)]", True),
+    "4 MiB strings": ('"x" * (4 * 2**20 - 200)', False),
 }
 
 
@@ -324,7 +326,8 @@ def test_a_samples_kept_result_lines_cost_bounded_memory(shape, fresh_verdicts):
     """Issue 34 item 6: seven such lines cost the grader +159 MiB when it kept them decoded."""
     p = problem("humaneval", "HumanEval/0")
     check(p, fenced(CORRECT_HE0))  # reference cached: only the candidate is measured
-    code = f"def has_close_elements(numbers, threshold):\n    return {_COSTLY[shape]}\n"
+    value, all_kept = _COSTLY[shape]
+    code = f"def has_close_elements(numbers, threshold):\n    return {value}\n"
     tracemalloc.start()
     try:
         r = check(p, fenced(code))
@@ -332,6 +335,21 @@ def test_a_samples_kept_result_lines_cost_bounded_memory(shape, fresh_verdicts):
     finally:
         tracemalloc.stop()
     assert not r.correct, r.detail
-    assert "larger than" not in r.detail, r.detail  # the lines were kept: the bound under test applies
+    assert ("larger than" not in r.detail) is all_kept, r.detail
     print(f"{shape}: grader peak {peak / 2**20:.1f} MiB")
     assert peak < CHANNEL_MEMORY, f"grader peak {peak >> 20} MiB"
+
+
+@needs_data
+def test_a_forged_line_of_other_than_ascii_is_refused(fresh_verdicts):
+    """The child writes ASCII only; a line with raw astral characters (12 characters each once
+    written out again as JSON) is a forgery, refused before it is parsed."""
+    forge = """
+import json, os
+def has_close_elements(numbers, threshold):
+    line = json.dumps({"i": 0, "t": 0.0, "out": "\U0001F600" * 100000}, ensure_ascii=False) + "\\n"
+    os.write(int(os.environ["VERISPEC_REPORT_FD"]), line.encode())
+    os._exit(0)
+"""
+    r = check(problem("humaneval", "HumanEval/0"), fenced(forge))
+    assert not r.correct and "not ASCII" in r.detail, r.detail

@@ -226,7 +226,13 @@ VERDICT_CACHE_SIZE = 4096
 
 def _read_line(line: str, why: list | None = None) -> dict | None:
     """One report line as a dict, read within :func:`.code_child.loads_line`'s bounds, or ``None``
-    (the reason appended to ``why``)."""
+    (the reason appended to ``why``).  The child writes ASCII only (``json.dumps``' default): any
+    other character is a forged line, refused before it can expand 12-fold when the kept text is
+    written out again (``\\ud83d\\ude00`` for one astral character)."""
+    if not line.isascii():
+        if why is not None:
+            why.append("not ASCII")
+        return None
     try:
         obj = loads_line(line)
     except ValueError as e:
@@ -364,11 +370,11 @@ def _outputs_run(solution: str, entry: str, calls: list[dict], *, timeout_s: flo
             pending.append((i, value, payload if kind == "raised" else None))
         else:
             del value
-            text = dumps({kind: payload}).encode()
+            text = dumps({kind: payload})
             kept[0] += len(text)
             if keep_bytes is not None and kept[0] > keep_bytes:
                 return fail(f"outputs larger than {keep_bytes >> 20} MiB in all", i)
-            run.results.append(_Kept(kind, text, kind == "out" and _has_opaque(payload)))
+            run.results.append(_Kept(kind, text.encode("ascii"), kind == "out" and _has_opaque(payload)))
         return send(i + 1)
 
     total = timeout_s + STARTUP_S + IMPORT_LIMIT_S
