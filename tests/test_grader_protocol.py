@@ -353,3 +353,36 @@ def has_close_elements(numbers, threshold):
 """
     r = check(problem("humaneval", "HumanEval/0"), fenced(forge))
     assert not r.correct and "not ASCII" in r.detail, r.detail
+
+
+def test_the_cpu_count_without_the_sandboxs_own_takes_in_every_process(tmp_path, monkeypatch):
+    """Where the sandbox gives no CPU count (no cgroup CPU accounting), the run's CPU is this
+    process's reaped children's: two children burning 0.6 s of CPU each are counted."""
+    import dataclasses
+
+    prog = tmp_path / "burn.py"
+    prog.write_text("import os, time\n"
+                    "def burn():\n"
+                    "    t = time.process_time()\n"
+                    "    while time.process_time() - t < 0.6:\n"
+                    "        pass\n"
+                    "for _ in range(2):\n"
+                    "    if os.fork() == 0:\n"
+                    "        burn()\n"
+                    "        os._exit(0)\n"
+                    "for _ in range(2):\n"
+                    "    os.wait()\n")
+    own = []
+
+    def without_count(*args, **kwargs):
+        res = run_module(*args, **kwargs)
+        own.append(res.cpu_s)
+        return dataclasses.replace(res, cpu_s=None)
+
+    run_module = coding.run_module
+    monkeypatch.setattr(coding, "run_module", without_count)
+    res, cpu = coding._sandboxed(prog, timeout_s=30)
+    assert res.status == "passed", res
+    assert cpu is not None and 1.1 < cpu < 1.2 + res.duration_s, (cpu, own, res.duration_s)
+    if own[0] is not None:  # the sandbox's own count, where there is one, agrees
+        assert abs(cpu - own[0]) < 0.5, (cpu, own)
