@@ -8,12 +8,15 @@
   program was credited after as many gradings as it had wrong inputs.  Now every input is
   answered and the verdict is decided at the end, so the memory only ever holds the last input;
   and a second grading of the same text in a process reproduces the first (the verdict cache).
+  Nor does the time the grader spends judging an answer show in the wait for the next input, and
+  a program that ends right after a wrong last answer is judged on it all the same.
 * **The request clock** (item 3).  A program shrinks its request pipe to one page and reads a
   large input slowly, doing the input's work while the grader's write is still pending; the
   input's clock now starts before its first byte is written.
 * **CPU** (item 4, the grader's side).  A run is credited only within one core's worth of CPU.
 * **Memory** (item 6).  Result lines within every bound of ``code_child.loads_line``, as many as
-  the kept-bytes bound admits, cost the grader less than ``CHANNEL_MEMORY``.
+  the kept-bytes bound admits, cost the grader less than ``CHANNEL_MEMORY``; a forged line of
+  other than ASCII is refused.
 """
 
 from __future__ import annotations
