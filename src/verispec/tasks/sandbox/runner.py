@@ -170,6 +170,37 @@ def _fallback_python(python: str) -> str | None:
     return None
 
 
+def _landlock_read(python: str | None) -> dict | None:
+    """What a run without a mount namespace may read (Landlock, see :func:`.bootstrap.landlock`):
+    ``{"read": paths, "list": dirs}`` -- the paths the minimal root would show for ``python``
+    (its binary, shared libraries and standard library), with each masked directory
+    (``site-packages``, ``test``, ``ensurepip``) left out: a directory holding one may only be
+    listed (the import system lists the standard library), and its other entries are allowed
+    one by one."""
+    if not python:
+        return None
+    try:
+        root = rootfs.plan(python)
+    except rootfs.RootPlanError:
+        return None
+    read, listed = list(root.files), []
+
+    def holds_mask(d: str) -> bool:
+        return any(m.startswith(d.rstrip("/") + "/") for m in root.masks)
+
+    for top in root.dirs:
+        if not holds_mask(top):
+            read.append(top)
+            continue
+        for parent, dirs, files in os.walk(top):
+            listed.append(parent)
+            read += [os.path.join(parent, f) for f in files]
+            subs = [os.path.join(parent, d) for d in dirs if os.path.join(parent, d) not in root.masks]
+            read += [d for d in subs if not holds_mask(d)]
+            dirs[:] = [os.path.basename(d) for d in subs if holds_mask(d)]
+    return {"read": read, "list": listed}
+
+
 def _read_capped(path: Path, cap: int) -> str:
     try:
         size = path.stat().st_size
@@ -402,6 +433,7 @@ def _run(
         memory_bytes = int(memory_mb) << 20
         group, why_no_cgroup = cgroup.create(memory_bytes, int(max_procs)) if linux else (None, "not Linux")
         uid, gid = _fresh_ids() if is_root else (os.getuid(), os.getgid())
+        fallback = _fallback_python(python) if is_root else python
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
@@ -438,7 +470,8 @@ def _run(
             "orig_uid": os.getuid(),
             "namespaces": namespaces,
             "allow_unsafe": os.environ.get(UNSAFE_ENV) == "1",
-            "python_fallback": _fallback_python(python) if is_root else python,
+            "python_fallback": fallback,
+            "landlock_read": _landlock_read(fallback) if os.environ.get(UNSAFE_ENV) == "1" else None,
             "memory_bytes": memory_bytes,
             "cpu_s": int(math.ceil(timeout_s)) + 1,
             "fsize_bytes": int(max_file_mb) << 20,
@@ -532,7 +565,12 @@ def _warn_if_degraded(info: dict) -> None:
     notes = []
     if "cgroup_fallback" in info:
         notes.append("no cgroup: memory capped per process only, processes per uid (" + info["cgroup_fallback"] + ")")
-    if info.get("audit_hook"):
+    if info.get("audit_hook") and info.get("landlock"):
+        notes.append(f"no namespaces ({UNSAFE_FLAG}): no minimal root, IPC or PID isolation; Landlock (ABI "
+                     f"{info['landlock']}) holds programs to the standard library and their run directory, the "
+                     "rest is the in-interpreter audit hook, which a program can disable ("
+                     + "; ".join(info.get("warnings", [])) + ")")
+    elif info.get("audit_hook"):
         notes.append(f"no namespaces ({UNSAFE_FLAG}): no minimal root, IPC or PID isolation; programs can "
                      "read every world-readable file and run under the in-interpreter audit hook only ("
                      + "; ".join(info.get("warnings", [])) + ")")
