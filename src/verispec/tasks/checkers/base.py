@@ -23,32 +23,55 @@ TRUNCATED_NO_ANSWER = "truncated before a final answer"
 
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_BARE_ANSWER_RE = re.compile(r"[^\s$\\]+")
+_ESCAPED_RE = re.compile(r"\\.", re.DOTALL)  # a backslash and the character it escapes
+_BRACE_RE = re.compile(r"[{}]")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), or ``\\boxed 5``."""
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), or ``\\boxed 5``.
+
+    An unbalanced box (a truncated output) is skipped for an earlier one.  Linear in ``len(text)``:
+    every box's closing brace comes from one pass over the text (:func:`_closing_braces`), not
+    from a scan per box (quadratic on a text of unclosed ``\\boxed{``).
+    """
     matches = list(_BOXED_RE.finditer(text))
+    opens = [m.end() for m in matches if text.startswith("{", m.end())]
+    closing = _closing_braces(text, opens) if opens else {}
     for m in reversed(matches):
         i = m.end()
-        if i < len(text) and text[i] == "{":
-            depth, j = 0, i
-            while j < len(text):
-                c = text[j]
-                if c == "\\" and j + 1 < len(text):
-                    j += 2
-                    continue
-                if c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j].strip()
-                j += 1
+        if text.startswith("{", i):
+            j = closing.get(i)
+            if j is not None:
+                return text[i + 1 : j].strip()
             continue  # unbalanced (truncated output): try an earlier one
-        m2 = re.match(r"([^\s$\\]+)", text[i:])
+        m2 = _BARE_ANSWER_RE.match(text, i)
         if m2:
-            return m2.group(1).strip()
+            return m2.group(0).strip()
     return None
+
+
+def _closing_braces(text: str, opens: list[int]) -> dict[int, int]:
+    """``{position of "{": position of its closing "}"}`` for the braces at ``opens`` (ascending)
+    that close.
+
+    A backslash escapes the next character, as in a scan from any box's ``{``: every such scan
+    passes through the same positions as this one (a box's ``{`` follows ``boxed``/``fbox`` or a
+    space, never a backslash, so no scan can skip it), hence one pass serves them all.
+    """
+    wanted = set(opens)
+    plain = _ESCAPED_RE.sub("\0\0", text)  # escaped pairs as two NULs: same positions, no braces
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for brace in _BRACE_RE.finditer(plain, opens[0]):
+        j = brace.start()
+        if plain[j] == "{":
+            stack.append(j)
+        elif stack:
+            i = stack.pop()
+            if i in wanted:
+                closing[i] = j
+    return closing
 
 
 def _strip_latex(s: str) -> str:

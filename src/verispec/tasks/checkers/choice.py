@@ -16,7 +16,10 @@ from .base import TRUNCATED_NO_ANSWER, CheckResult
 
 _STATED_PATTERNS = [
     re.compile(r"\\boxed\s*\{\s*(?:\\text\{)?\(?([A-J])\)?\}?\s*\}"),
-    re.compile(r"(?i:answer)\s*(?i:is|:|：)?\s*(?i:option\s*)?[\(\[]?\*{0,2}([A-J])\b"),
+    # Possessive up to the letter: no quantifier before it can give back a character that would
+    # let a capital A-J match (an "IS" given back leaves "I" before a word character); backtracking
+    # only made "answer" followed by a run of spaces cost quadratic time or worse.
+    re.compile(r"(?i:answer)\s*+(?i:is|:|：)?+\s*+(?i:option\s*+)?+[\(\[]?+\*{0,2}+([A-J])\b"),
     re.compile(r"(?i:option|choice)\s+\(?([A-J])\)?\b(?i:\s+is\s+(?:correct|right))"),
 ]
 _LOOSE_PATTERN = re.compile(r"\(([A-J])\)")

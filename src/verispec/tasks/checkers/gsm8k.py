@@ -38,12 +38,15 @@ _NUMBER_RE = re.compile(
     r"(?<![\w.])[-\u2212]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|(?<![\w.])[-\u2212]?\.\d+"
 )
 # The cue of a stated answer and the number right after it (only markup in between).
+# Every quantifier before the number is possessive: the number can start only where the markup
+# run ends (no markup character starts a number), so giving characters back never finds a match;
+# it only made a cue followed by a run of spaces cost cubic time (three quantifiers sharing them).
 _STATED_RE = re.compile(
-    r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*(?:is)?\s*[:：]?|answer\s*[:：]|####)"
-    r"(?:\s|[:：*$]|\\\(|\\\[|\\\$)*"
+    r"(?:the\s++(?:final\s++)?+answer\s++is|final\s++answer\s*+(?:is)?+\s*+[:：]?+|answer\s*+[:：]|####)"
+    r"(?:\s|[:：*$]|\\\(|\\\[|\\\$)*+"
     r"(?P<num>(?>[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-\u2212]?\.\d+))"
     # ... that does not start an expression ("The answer is 9 * 2 = 18" states no number).
-    r"(?!\s*(?:[-+/×÷=^]|\*(?!\*)|\\times|\\cdot))",
+    r"(?!\s*+(?:[-+/×÷=^]|\*(?!\*)|\\times|\\cdot))",
     re.IGNORECASE,
 )
 # lm-eval flexible-extract, verbatim.

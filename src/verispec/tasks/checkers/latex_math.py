@@ -135,12 +135,19 @@ def _norm_answer(s: str) -> str:
     return re.sub(r"\s+", "", s).rstrip(".").lower()
 
 
+#: Longest integer (in digits) compared directly; a longer one goes to math-verify like any other
+#: answer (Python refuses to convert one of over 4,300 digits; gold answers have a handful).
+MAX_DIRECT_INT_DIGITS = 1000
+
+
 def _int_or_none(s: str | None) -> int | None:
     if s is None:
         return None
     t = _norm_answer(s)
     m = re.fullmatch(r"\(?([-+]?\d+)\)?", t)  # AoPS writes AIME answers as \textbf{(073)}
-    return int(m.group(1)) if m else None
+    if m is None or len(m.group(1)) > MAX_DIRECT_INT_DIGITS:
+        return None
+    return int(m.group(1))
 
 
 def grade(problem, completion: str, timeout_s: float = 10.0, *, truncated: bool = False) -> CheckResult:
