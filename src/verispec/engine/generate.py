@@ -183,7 +183,7 @@ def generate(
         # 3. verify -> the accepted path and the next token z
         with stats.timing("rule_s"):
             step = _verify(cfg.rule, sampling, logits[:, :width], proposal, run.gen)
-        stats.record_step(step.n_accepted, drafted, lookup=proposal.source == LOOKUP)
+        stats.record_step(step.n_accepted, drafted, lookup=proposal.source == LOOKUP, nodes=proposal.n_nodes)
         plan.learn(proposal, step.n_accepted, drafted, sources.lookup_match)
         _notify(observers, step)
         # 4. commit the path and z; every cache keeps the path and drops the rest of the tree

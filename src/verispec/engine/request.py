@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.engine.config import resolve
-from verispec.engine.costs import CostProfile
+from verispec.engine.costs import DEFAULT_G_MAX, CostProfile
 from verispec.engine.decoding import GenerationResult
 from verispec.engine.session import RowRequest
+from verispec.engine.tree import TreeShape
 from verispec.rules import Rule
 from verispec.rules import get as get_rule
 from verispec.sampling import SamplingConfig
@@ -66,6 +67,16 @@ class Decode:
             return True
         return self.draft == "model" and self.tree is None and isinstance(self.gamma, int) \
             and not getattr(self.rule, "needs_raw", False)
+
+    @property
+    def spec_tokens(self) -> int:
+        """The most draft tokens a step can accept (vLLM's ``num_spec_tokens``): γ, the cost model's γ_max for
+        ``"auto"``, a tree's depth; 0 for target-only."""
+        if self.rule is None:
+            return 0
+        if self.tree is not None:
+            return TreeShape.parse(self.tree).depth
+        return DEFAULT_G_MAX if self.gamma == "auto" else int(self.gamma)
 
     @property
     def verify_room(self) -> int:

@@ -32,6 +32,10 @@ class Stats:
     tree_nodes: int = 0             # draft nodes verified, over all target calls
     lookup_steps: int = 0           # steps drafted by prompt lookup (n-gram) instead of the draft model
     lookup_accepted: int = 0        # draft tokens those steps had accepted
+    #: per verification step that verified drafts, in order: drafts accepted, and draft tokens verified (γ of a
+    #: chain, the nodes of a tree): vLLM's per-request ``per_step_accepted`` / ``per_step_drafted``
+    step_accepted: list[int] = field(default_factory=list)
+    step_drafted: list[int] = field(default_factory=list)
 
     @property
     def nodes_per_call(self) -> float:
@@ -77,9 +81,11 @@ class Stats:
             self.gamma_hist.append(0)
         self.gamma_hist[g] += 1
 
-    def record_step(self, n_accepted: int, gamma: int, lookup: bool = False) -> None:
+    def record_step(self, n_accepted: int, gamma: int, lookup: bool = False, nodes: int | None = None) -> None:
         """A verified step: ``n_accepted`` of ``gamma`` drafted positions accepted (``lookup``: drafted by
-        prompt lookup)."""
+        prompt lookup; ``nodes``: the draft tokens verified, for a tree; a chain's are its ``gamma``)."""
+        self.step_accepted.append(n_accepted)
+        self.step_drafted.append(gamma if nodes is None else nodes)
         if lookup:
             self.lookup_accepted += n_accepted
         while len(self.accepted_hist) <= gamma:
