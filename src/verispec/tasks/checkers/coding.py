@@ -3,8 +3,9 @@
 code (HumanEval, HumanEval+, MBPP+)
     The code is taken from the completion: the last fenced ```` ```python ```` (or unlabelled)
     block that defines the entry point, else the first such block; with no fence, the
-    ``def entry_point`` found in the prose (with the imports above it, trailing prose dropped),
-    else the raw text (a HumanEval-style continuation of the prompt).  The solution is
+    ``def entry_point`` found in the prose (with the imports above it, trailing prose dropped;
+    searched within :data:`MAX_SALVAGE_CHARS` and :data:`SALVAGE_PARSE_CHARS`), else the raw
+    text (a HumanEval-style continuation of the prompt).  The solution is
     ``prompt + code`` (the prompt's docstring-only stub is simply redefined when the code contains
     the whole function).
 
@@ -56,8 +57,19 @@ from .base import CheckResult
 from .code_child import decode, digest, dumps, encode, loads_line
 from .code_compare import Digest, expected_output, mbpp_deserialize_inputs, same_output
 
-_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n", re.MULTILINE)
+# Possessive quantifiers: a fence line without a newline fails in one pass instead of retrying
+# every split of its characters (quadratic); no match is lost, since every split needs that newline.
+_FENCE_RE = re.compile(r"^[ \t]*+```[ \t]*+([\w+#.-]*+)[^\n]*+\n", re.MULTILINE)
+_FENCE_END_RE = re.compile(r"^[ \t]*+```[ \t]*+$", re.MULTILINE)
 _PY_LANGS = {"python", "py", "python3", "py3", ""}
+#: Longest unfenced completion searched for the code amid its prose; a longer one is taken whole
+#: (as one that parses is).  Each parse costs about 1 s per MiB; an honest completion is a few KiB
+#: (256 new tokens by default, ~1 KiB), so none comes near this.
+MAX_SALVAGE_CHARS = 32 * 1024
+#: Most characters the search for the code amid prose parses in all (besides the two parses of the
+#: whole text) before it stops, as it does after 300 lines: a completion of 4 KiB gets 64 tries,
+#: while code with prose around it takes one try per line of trailing prose or leading helpers.
+SALVAGE_PARSE_CHARS = 256 * 1024
 
 
 def _code_blocks(text: str) -> list[tuple[str, str]]:
@@ -69,7 +81,7 @@ def _code_blocks(text: str) -> list[tuple[str, str]]:
         if not m:
             break
         lang = m.group(1).lower()
-        end = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE).search(text, m.end())
+        end = _FENCE_END_RE.search(text, m.end())
         if end is None:
             blocks.append((lang, text[m.end() :]))
             break
@@ -84,7 +96,9 @@ def extract_code(completion: str, entry_point: str | None = None) -> str:
     if not blocks:
         return _salvage_unfenced(completion, entry_point)
     if entry_point:
-        pat = re.compile(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE)
+        # [^\S\n]*, not \s*: a match may start at any line, and \s* would rescan every run of
+        # blank lines from each of its lines (quadratic) to find the same "def" lines.
+        pat = re.compile(rf"^[^\S\n]*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE)
         defining = [b for b in blocks if pat.search(b)]
         if defining:
             return defining[-1]
@@ -105,18 +119,33 @@ def _salvage_unfenced(text: str, entry_point: str | None) -> str:
 
     In the second case the code runs from the furthest top-level statement above the ``def``
     from which everything still parses (imports, helpers) to the longest following stretch that
-    parses (trailing prose dropped).
+    parses (trailing prose dropped).  The search stops after 300 lines either way, or once it has
+    parsed :data:`SALVAGE_PARSE_CHARS`; a text over :data:`MAX_SALVAGE_CHARS` is not searched.
     """
-    if not entry_point or _parses(text) or _parses("def _f():\n" + text):
+    if not entry_point or len(text) > MAX_SALVAGE_CHARS or _parses(text) or _parses("def _f():\n" + text):
         return text
     lines = text.splitlines(keepends=True)
     pat = re.compile(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(")
     idx = next((i for i, ln in enumerate(lines) if pat.match(ln)), None)
     if idx is None:
         return text
+    offsets = [0]  # offsets[i]: where line i starts in text, so lines[a:b] is text[offsets[a]:offsets[b]]
+    for ln in lines:
+        offsets.append(offsets[-1] + len(ln))
+    budget = SALVAGE_PARSE_CHARS
+
+    def parses(a: int, b: int) -> bool | None:
+        """Whether lines[a:b] parse; None once the budget is spent."""
+        nonlocal budget
+        budget -= offsets[b] - offsets[a]
+        return None if budget < 0 else _parses(text[offsets[a] : offsets[b]])
+
     end = None
     for e in range(len(lines), idx, -1):
-        if _parses("".join(lines[idx:e])):
+        ok = parses(idx, e)
+        if ok is None:
+            break
+        if ok:
             end = e
             break
         if len(lines) - e > 300:
@@ -128,7 +157,7 @@ def _salvage_unfenced(text: str, entry_point: str | None) -> str:
         line = lines[s]
         if not line.strip() or line[0] in " \t":
             continue  # only top-level statements can start the chunk
-        if not _parses("".join(lines[s:end])):
+        if not parses(s, end):
             break
         start = s
     return "".join(lines[start:end])
