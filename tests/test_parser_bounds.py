@@ -76,6 +76,8 @@ def test_gsm8k_is_linear(text):
     res = check(gsm8k, "She sells 16 - 3 - 4 = 9 eggs, 9 * 2 = 18 dollars.\nThe final answer is: $18.")
     assert res.correct and res.extracted == "18"
     assert check(gsm8k, "So \\boxed{x = 18}").correct
+    huge = check(gsm8k, "The answer is 1" + "0" * 400 + "/3.")  # beyond a float: no number, not a crash
+    assert not huge.correct and "checker error" not in huge.detail
 
 
 # ------------------------------------------------------------------------------ MATH / AIME (before math-verify)

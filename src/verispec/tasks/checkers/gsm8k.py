@@ -60,7 +60,7 @@ def _to_number(s: str) -> float | None:
             a, b = s.split("/", 1)
             return float(Fraction(a.strip("()")) / Fraction(b.strip("()")))
         return float(s)
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, OverflowError):  # OverflowError: a fraction beyond floats
         return None
 
 
