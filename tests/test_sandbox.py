@@ -26,27 +26,36 @@ REPO = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
 
 
-def _sandbox_procs() -> list[int]:
-    """Processes running as one of the uids sandbox runs are given."""
+def _sandbox_procs(owner: int | None = None) -> list[int]:
+    """Processes running as one of the uids sandbox runs are given, other graders' runs left out:
+    a run's cgroup is named after the pid of the process that started it (``owner``, default
+    this one), and other graders on this machine run code at the same time.  A process in no
+    run cgroup (a machine without cgroups, or one that left its group) always counts."""
+    tag = f"verispec-sbx-{os.getpid() if owner is None else owner}-"
     out = []
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                if is_sandbox_uid(os.stat(f"/proc/{d}").st_uid):
-                    out.append(int(d))
+                if not is_sandbox_uid(os.stat(f"/proc/{d}").st_uid):
+                    continue
+                with open(f"/proc/{d}/cgroup") as f:
+                    groups = f.read()
             except OSError:
-                pass
+                continue
+            if "verispec-sbx-" in groups and tag not in groups:
+                continue  # another grader's run
+            out.append(int(d))
     return out
 
 
-def _assert_no_leftovers(before: set[int], wait_s: float = 5.0) -> None:
+def _assert_no_leftovers(before: set[int], wait_s: float = 5.0, owner: int | None = None) -> None:
     """No new process of a sandbox uid survives a run (only checkable when we started as root)."""
     if not IS_ROOT:
         return
     deadline = time.monotonic() + wait_s
-    while set(_sandbox_procs()) - before and time.monotonic() < deadline:
+    while set(_sandbox_procs(owner)) - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert set(_sandbox_procs()) - before == set()
+    assert set(_sandbox_procs(owner)) - before == set()
 
 
 def _snapshot() -> set[int]:
@@ -200,13 +209,13 @@ def test_a_killed_grader_leaves_no_run_behind(info):
         "run_python('import time; print(1, flush=True); time.sleep(60)', timeout_s=120)\n")])
     try:
         deadline = time.monotonic() + 20
-        while not set(_sandbox_procs()) - before and time.monotonic() < deadline:
+        while not set(_sandbox_procs(grader.pid)) - before and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert set(_sandbox_procs()) - before, "the run did not start"
+        assert set(_sandbox_procs(grader.pid)) - before, "the run did not start"
     finally:
         grader.send_signal(signal.SIGKILL)
         grader.wait()
-    _assert_no_leftovers(before)
+    _assert_no_leftovers(before, owner=grader.pid)
     # Its run directory and cgroup are named after it: the next process that runs code removes them.
     tag = f"verispec-sbx-{grader.pid}-"
     left = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(tag)]
