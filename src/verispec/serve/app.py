@@ -14,14 +14,16 @@ cancelled at once (their rows free for the next requests).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from verispec.serve.metrics import Metrics
 from verispec.serve.model import ServedModel
@@ -32,8 +34,10 @@ from verispec.serve.protocol import (
     bad,
     check_token_ids,
     get_bool,
+    parse_body,
     parse_chat,
     parse_completion,
+    prompt_char_limit,
 )
 from verispec.serve.responses import (
     TextStream,
@@ -51,6 +55,8 @@ from verispec.serve.scheduler import Job, Overloaded, Scheduler
 
 _log = logging.getLogger("verispec.serve")
 MAX_BODY = 32 * 1024 * 1024
+#: Seconds a request's body may take to arrive (``--body-timeout``); beyond, 408 and the connection closes.
+BODY_TIMEOUT_S = 60.0
 #: Seconds between checks that a waiting client is still connected (and SSE keep-alive comments).
 POLL_S = 1.0
 
@@ -59,18 +65,20 @@ class ServerState:
     """What the endpoints share: the engine, the served model's text side, the policy, the metrics."""
 
     def __init__(self, scheduler: Scheduler, model: ServedModel, policy: Policy, metrics: Metrics,
-                 request_timeout: float | None) -> None:
+                 request_timeout: float | None, body_timeout: float = BODY_TIMEOUT_S) -> None:
         self.scheduler, self.model, self.policy, self.metrics = scheduler, model, policy, metrics
-        self.request_timeout = request_timeout
+        self.request_timeout, self.body_timeout = request_timeout, body_timeout
         self.draining = False
 
 
 def create_app(scheduler: Scheduler, model: ServedModel, policy: Policy, *, request_timeout: float | None = 600.0,
-               metrics: Metrics | None = None, start: bool = True) -> FastAPI:
+               metrics: Metrics | None = None, start: bool = True, body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The app; ``start``: the scheduler's threads start with the app and stop (after the jobs in flight)
-    with it."""
+    with it; ``body_timeout``: seconds a request body may take to arrive (then 408)."""
     metrics = metrics or Metrics(policy.model_name)
-    state = ServerState(scheduler, model, policy, metrics, request_timeout)
+    if policy.max_prompt_chars is None:
+        policy = replace(policy, max_prompt_chars=prompt_char_limit(model, policy.context_length))
+    state = ServerState(scheduler, model, policy, metrics, request_timeout, body_timeout)
     if scheduler.on_finish is None:
         scheduler.on_finish = metrics.job_finished
 
@@ -175,12 +183,13 @@ def create_app(scheduler: Scheduler, model: ServedModel, policy: Policy, *, requ
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _json(request)
-        return await _serve(state, request, body, parse_completion(body, policy, model))
+        # tokenizing (and checking) a prompt takes up to seconds of CPU: off the event loop
+        return await _serve(state, request, body, await run_in_threadpool(parse_completion, body, policy, model))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await _json(request)
-        return await _serve(state, request, body, parse_chat(body, policy, model))
+        return await _serve(state, request, body, await run_in_threadpool(parse_chat, body, policy, model))
 
     return app
 
@@ -194,19 +203,42 @@ def _error(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
+#: The response to a request whose body was not read to its end closes the connection (its rest is not
+#: waited for).
+_CLOSE = {"Connection": "close"}
+
+
 async def _json(request: Request) -> dict:
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise APIError(413, f"the request body has {len(body)} bytes; this server takes at most {MAX_BODY}")
+    """The request's JSON object: its body read within the body deadline (408) and :data:`MAX_BODY` bytes
+    (413 as soon as it is known to be larger), then checked and parsed off the event loop
+    (:func:`~verispec.serve.protocol.parse_body`)."""
+    state: ServerState = request.app.state.verispec
+    declared = request.headers.get("content-length")
+    if declared is not None and (len(declared) > 12 or int(declared) > MAX_BODY):    # h11 checked: digits
+        raise APIError(413, f"the request body has {declared[:20]} bytes; this server takes at most {MAX_BODY}",
+                       headers=_CLOSE)
+    parts: list[bytes] = []
+    size = 0
+
+    async def read() -> None:
+        nonlocal size
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY:
+                raise APIError(413, f"the request body has more than {MAX_BODY} bytes; this server takes at most "
+                               f"{MAX_BODY}", headers=_CLOSE)
+            parts.append(part)
+
     try:
-        data = json.loads(body)
-    except UnicodeDecodeError:
-        raise bad("the request body is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise bad(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(data, dict):
-        raise bad("the request body must be a JSON object")
-    return data
+        await asyncio.wait_for(read(), state.body_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {state.body_timeout:g} s ({size} bytes"
+                       f"{' of ' + declared if declared else ''} received): send the whole body at once",
+                       headers=_CLOSE) from None
+    except ClientDisconnect:
+        raise APIError(400, "the client closed the connection before sending its whole body",
+                       headers=_CLOSE) from None
+    return await run_in_threadpool(parse_body, b"".join(parts), state.policy.max_values)
 
 
 async def _serve(state: ServerState, request: Request, body: dict, parsed: ParsedRequest):

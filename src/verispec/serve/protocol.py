@@ -20,10 +20,13 @@ verispec's own fields (clients send them through ``extra_body``):
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from verispec.engine.request import DRAFT_SOURCES, Decode, DecodeError, resolve_verification
@@ -32,6 +35,16 @@ from verispec.sampling import SamplingConfig
 #: OpenAI's limits where it has them; generous where a harness sends more (lm-eval's stop lists).
 MAX_STOP = 16
 MAX_LOGPROBS = 20
+#: Bounds of a request body checked before it is parsed into Python objects: nesting (a request nests 4
+#: deep; the JSON parser recurses, so 100,000 nested arrays was a RecursionError) and the characters of one
+#: number (int() of thousands of digits is slow and Python refuses it beyond 4,300).
+MAX_DEPTH = 32
+MAX_NUMBER_CHARS = 100
+#: Values (array items, object members) a body may hold beyond what its prompts need (max_n prompts of a
+#: full context): bounds what the parser builds, and how long it holds the interpreter.
+SPARE_VALUES = 65_536
+#: Characters of a refusal's message (a refusal may quote the request, which may be megabytes).
+MAX_MESSAGE = 1_000
 
 #: Fields of OpenAI's requests that do not change what is generated: accepted and ignored.
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "modalities", "prediction",
@@ -51,6 +64,10 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE - 1] + "…"
+        if param is not None and len(param) > 200:
+            param = param[:199] + "…"
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.code = code if code is not None else _CODES.get(status)
@@ -66,6 +83,119 @@ _CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 4
 
 def bad(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
+
+
+# -- the body --------------------------------------------------------------------------------------------
+
+_BRACKETS = re.compile(r"[\[\]{}]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class _NumberTooLong(Exception):
+    pass
+
+
+def _number(kind):
+    def parse(text: str):
+        if len(text) > MAX_NUMBER_CHARS:
+            raise _NumberTooLong(text)
+        return kind(text)
+    return parse
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes, max_values: int) -> dict:
+    """A request body (UTF-8 JSON text) -> its object, or a 400 naming what is wrong. Before the parser
+    builds anything, a linear pass bounds the body's values (``max_values``), nesting (:data:`MAX_DEPTH`)
+    and strings; the parser then refuses numbers longer than :data:`MAX_NUMBER_CHARS` before converting
+    them, and NaN / Infinity (not JSON); the result holds no unpaired surrogate (``"\\ud800"``), which no
+    tokenizer can encode. CPU-bound for up to tenths of a second on a large body: call it off the event loop."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad(f"the request body is not UTF-8 text (byte {exc.start + 1}): send UTF-8 JSON") from None
+    # The structure outside strings, found at the speed of str methods: escaped backslashes and quotes go
+    # first, so every quote left opens or closes a string (for valid JSON; invalid JSON fails in the parser
+    # no later than where this reading and the parser's part ways, and nothing is built past that point).
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    quotes = unescaped.count('"')
+    if quotes > 4 * max_values:
+        raise bad(f"the request body holds {quotes // 2} strings; this server takes at most {2 * max_values}")
+    skeleton = "".join(unescaped.split('"')[0::2]) if quotes else unescaped
+    opened = skeleton.count("[") + skeleton.count("{")
+    depth = 0
+    brackets = islice(_BRACKETS.finditer(skeleton), 2 * max_values) if opened > MAX_DEPTH else ()   # fewer: shallow
+    for m in brackets:
+        depth += 1 if m.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise bad(f"the request body nests arrays and objects more than {MAX_DEPTH} deep; a request nests 4 deep")
+    values = skeleton.count(",") + opened
+    if values > max_values:
+        raise bad(f"the request body holds about {values} values; this server takes at most {max_values} (send fewer "
+                  "or shorter prompts per request)")
+    try:
+        data = json.loads(text, parse_int=_number(int), parse_float=_number(float), parse_constant=_no_constant)
+    except _NumberTooLong as exc:
+        raise bad(f"the request body holds a number of {len(exc.args[0])} characters; numbers here have at most "
+                  f"{MAX_NUMBER_CHARS}") from None
+    except json.JSONDecodeError as exc:
+        raise bad(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:     # NaN / Infinity; nesting the pass above did not see
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad(f"the request body must be a JSON object, got {_type_name(data)}")
+    if _SURROGATE_ESCAPE.search(unescaped):        # only an escape can put a surrogate into parsed text
+        check_surrogates(data)
+    return data
+
+
+def check_surrogates(data: Any) -> None:
+    """Refuse text holding an unpaired UTF-16 surrogate (``"\\ud800"`` in JSON) anywhere in ``data``, keys
+    included: no tokenizer can encode it, and no response holding it can be written as UTF-8."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, path = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            where = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
+            if isinstance(key, str) and not _utf8(key):
+                raise bad(f"a key of the request body{' at ' + path.lstrip('.') if path else ''} holds an unpaired "
+                          "UTF-16 surrogate (\\ud800-\\udfff): send valid Unicode text", path.lstrip(".") or None)
+            if isinstance(value, str):
+                if not _utf8(value):
+                    raise bad(f"'{where.lstrip('.')}' holds an unpaired UTF-16 surrogate (\\ud800-\\udfff): send "
+                              "valid Unicode text", where.lstrip("."))
+            elif isinstance(value, (dict, list)):
+                stack.append((value, where))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def prompt_char_limit(model, context_length: int) -> int | None:
+    """Characters beyond which a text is certainly longer than ``context_length`` tokens of ``model`` (the
+    served model's text side): the context times the longest text one token stands for (a vocabulary
+    entry's characters: byte-level entries have one character per byte, decoded text no more). None if the
+    vocabulary cannot be read."""
+    tok = getattr(model.single, "tokenizer", None)
+    try:
+        if tok is not None and hasattr(tok, "get_vocab"):
+            longest = max(map(len, tok.get_vocab()), default=0)
+        elif 0 < model.vocab_size <= (1 << 21):
+            longest = max(len(model.piece(i)) for i in range(model.vocab_size))
+        else:
+            return None
+    except Exception:       # a backend without a readable vocabulary: prompts are only tokenized off the loop
+        return None
+    return context_length * max(longest, 1)
 
 
 @dataclass(frozen=True)
@@ -92,6 +222,14 @@ class Policy:
     max_n: int = 64
     context_length: int = 4096
     vocab_size: int = 0
+    #: characters a prompt may have: more than ``context_length`` tokens of the model hold whatever their
+    #: split (:func:`prompt_char_limit`), so longer text is refused before it is tokenized (None: no bound)
+    max_prompt_chars: int | None = None
+
+    @property
+    def max_values(self) -> int:
+        """Values a request body may hold (:func:`parse_body`)."""
+        return self.max_n * (self.context_length + 1) + SPARE_VALUES
 
 
 @dataclass
@@ -115,6 +253,11 @@ class ParsedRequest:
 def _type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number")
+
+
+def _quoted(text: str, limit: int = 100) -> str:
+    """At most ``limit`` characters of a request's text, for a message that names it."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def get_bool(body: dict, key: str, default: bool = False) -> bool:
@@ -176,7 +319,7 @@ def check_fields(body: dict, known: set[str]) -> None:
                 continue
             raise bad(f"'{key}' is not supported by verispec serve (only its neutral value "
                       f"{_NEUTRAL[key][0]!r}); drop it", key)
-        raise bad(f"unrecognized request argument supplied: '{key}'", key)
+        raise bad(f"unrecognized request argument supplied: '{_quoted(key)}'", _quoted(key))
 
 
 def check_model(body: dict, policy: Policy) -> None:
@@ -186,7 +329,7 @@ def check_model(body: dict, policy: Policy) -> None:
     if not isinstance(model, str):
         raise bad(f"'model' must be a string, got {_type_name(model)}", "model")
     if model != policy.model_name:
-        raise APIError(404, f"The model '{model}' does not exist: this server serves '{policy.model_name}' "
+        raise APIError(404, f"The model '{_quoted(model)}' does not exist: this server serves '{policy.model_name}' "
                             "(GET /v1/models)", param="model", code="model_not_found")
 
 
@@ -195,7 +338,7 @@ def check_model(body: dict, policy: Policy) -> None:
 def sampling_of(body: dict) -> SamplingConfig:
     temperature = get_float(body, "temperature", 1.0, 0.0, 2.0)
     top_p = get_float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
-    top_k = get_int(body, "top_k", 0, -1)
+    top_k = get_int(body, "top_k", 0, -1, (1 << 31) - 1)
     min_p = get_float(body, "min_p", 0.0, 0.0, 1.0)
     return SamplingConfig(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), min_p=min_p)
 
@@ -274,6 +417,8 @@ def _prompts(prompt: Any, model, policy: Policy) -> list[list[int]]:
         prompt = [prompt]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
+            for i, p in enumerate(prompt):
+                check_prompt_chars(len(p), policy, f"prompt {i}", "prompt")
             out = [model.tokenize(p) for p in prompt]
             for i, ids in enumerate(out):
                 if not ids:
@@ -285,6 +430,15 @@ def _prompts(prompt: Any, model, policy: Policy) -> list[list[int]]:
             return [check_token_ids(p, policy, f"prompt[{i}]") for i, p in enumerate(prompt)]
     raise bad("'prompt' must be a non-empty string, an array of strings, an array of token ids, or an array of "
               "token-id arrays", "prompt")
+
+
+def check_prompt_chars(chars: int, policy: Policy, what: str, param: str) -> None:
+    """Refuse text too long for the context whatever its tokens, before tokenizing it (a 30 MiB prompt took a
+    minute to tokenize only to be refused)."""
+    if policy.max_prompt_chars is not None and chars > policy.max_prompt_chars:
+        raise bad(f"This model's maximum context length is {policy.context_length} tokens; {what} has {chars} "
+                  f"characters, more than {policy.context_length} tokens of this model hold (at most "
+                  f"{policy.max_prompt_chars}): shorten it", param)
 
 
 def _common(body: dict, policy: Policy, prompts: list[list[int]], default_max: int | None,
@@ -346,6 +500,7 @@ def parse_chat(body: Any, policy: Policy, model) -> ParsedRequest:
     if get_bool(body, "logprobs") or body.get("top_logprobs") is not None:
         raise bad("chat log-probabilities are not supported: use /v1/completions with logprobs (and echo)",
                   "logprobs")
+    check_prompt_chars(sum(len(m["content"]) for m in messages), policy, "the messages' content", "messages")
     try:
         ids = model.chat(messages)
     except ValueError as exc:
