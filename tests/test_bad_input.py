@@ -783,10 +783,11 @@ def test_draft_vocab_beyond_the_vocabulary_is_refused():
         _reduced_draft(args, draft)
 
 
-def test_calibration_is_bounded_and_says_how_far_it_got():
+def test_calibration_is_bounded_and_says_how_far_it_got(monkeypatch):
     """``--g-max`` is capped at γ's own maximum (the time grows with its square: 100 ran past any limit without a
-    word), and the measurement reports each stage."""
+    word), and the measurement reports each stage, and within a long round every PROGRESS_EVERY_S."""
     from tests.helpers.fake_lm import FakeLM
+    from verispec.engine import calibrate
     from verispec.engine.calibrate import measure_profile
 
     target, draft = FakeLM(vocab=12, seed=1), FakeLM(vocab=12, seed=2)
@@ -798,3 +799,8 @@ def test_calibration_is_bounded_and_says_how_far_it_got():
     assert heard[0] == "timing forwards: round 1 of 2, target blocks of 1..4 tokens"
     assert heard[1].startswith("timing forwards: round 2 of 2") and "s so far" in heard[1]
     assert heard[2].startswith("timing the engine's own work")
+    monkeypatch.setattr(calibrate, "PROGRESS_EVERY_S", 0.0)
+    heard.clear()
+    measure_profile(target, draft, [0, 1], g_max=3, repeats=1, progress=heard.append)
+    calls = [line for line in heard if " calls (" in line]
+    assert [c.split(", ")[1].split(" (")[0] for c in calls] == [f"{i} of 6 calls" for i in range(1, 7)]

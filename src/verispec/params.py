@@ -102,7 +102,7 @@ class Param:
 
     def _error(self, owner: str, raw: object) -> ValueError:
         where = f"{owner}: " if owner else ""
-        return ValueError(f"{where}{self.name} must be {self.valid_text}, got {raw!r}")
+        return ValueError(f"{where}{self.name} must be {self.valid_text}, got {shown(raw)}")
 
     def from_text(self, owner: str, raw: str) -> object:
         """Convert the text of a setting and validate it."""
@@ -186,23 +186,23 @@ def parse_settings(
         elif "=" not in item:
             if not positional_open or i >= len(params):
                 if positional and params:
-                    raise ValueError(f"{owner}: cannot place positional value {item!r}; "
+                    raise ValueError(f"{owner}: cannot place positional value {shown(item)}; "
                                      f"write {noun}=value with one of: {names}")
-                raise ValueError(f"{owner}: malformed setting {item!r}: expected {noun}=value; {valid}")
+                raise ValueError(f"{owner}: malformed setting {shown(item)}: expected {noun}=value; {valid}")
             settings = [(params[i].name, item)]
         else:
             positional_open = False
             if item.count("=") != 1:
-                raise ValueError(f"{owner}: malformed setting {item!r}: expected one {noun}=value; {valid}")
+                raise ValueError(f"{owner}: malformed setting {shown(item)}: expected one {noun}=value; {valid}")
             key, raw = (s.strip() for s in item.split("="))
             if not raw:
-                raise ValueError(f"{owner}: malformed setting {item!r}: missing value for {key}")
+                raise ValueError(f"{owner}: malformed setting {shown(item)}: missing value for {key[:SHOWN_CHARS]}")
             settings = [(key, raw)]
         for key, raw in settings:
             param = by_key.get(_norm(key))
             if param is None:
-                raise ValueError(f"{owner}: unknown {noun} {key!r}; {valid}")
+                raise ValueError(f"{owner}: unknown {noun} {shown(key)}; {valid}")
             if param.name in values:
-                raise ValueError(f"{owner}: {noun} {param.name!r} given more than once in {text!r}")
+                raise ValueError(f"{owner}: {noun} {param.name!r} given more than once in {shown(text)}")
             values[param.name] = param.from_text(owner, raw)
     return values

@@ -98,6 +98,8 @@ def other_load_now(seconds: float = QUIET_SAMPLE_S) -> float | None:
 
 #: Receives one line per stage of a measurement (``verispec calibrate`` prints them: a long one is seen working).
 Progress = Callable[[str], None]
+#: seconds between two progress lines within one round of timed forwards
+PROGRESS_EVERY_S = 15.0
 
 
 def _forward_seconds(target: Backend, draft: Backend | None, prompt_ids: Sequence[int], *,
@@ -123,18 +125,23 @@ def _forward_seconds(target: Backend, draft: Backend | None, prompt_ids: Sequenc
     filler = ids[-1:] * max(*draft_sizes, *target_sizes)
     calls = [(who, backend, n) for who, backend, sizes in models for n in sizes]
     stamps: dict[tuple[str, int], list[float]] = {}
-    started = time.perf_counter()
+    started = said = time.perf_counter()
     for r in range(repeats):
         if progress is not None:
             took = f" ({time.perf_counter() - started:.0f} s so far)" if r else ""
             progress(f"timing forwards: round {r + 1} of {repeats}, target blocks of 1..{max(target_sizes)} "
                      f"tokens{took}")
+            said = time.perf_counter()
         shift = (r * len(calls)) // max(repeats, 1)
-        for who, backend, n in calls[shift:] + calls[:shift]:
+        for i, (who, backend, n) in enumerate(calls[shift:] + calls[:shift]):
             t = time.perf_counter()
             backend.forward(filler[:n], all_logits=who == "target" and n > 1)
             stamps.setdefault((who, n), []).append(time.perf_counter() - t)
             backend.rollback(base)
+            if progress is not None and time.perf_counter() - said > PROGRESS_EVERY_S:   # a long round: still going
+                progress(f"timing forwards: round {r + 1} of {repeats}, {i + 1} of {len(calls)} calls "
+                         f"({time.perf_counter() - started:.0f} s so far)")
+                said = time.perf_counter()
     best = {k: min(v) for k, v in stamps.items()}
     return ({n: best["draft", n] for n in draft_sizes if ("draft", n) in best},
             {n: best["target", n] for n in target_sizes})
