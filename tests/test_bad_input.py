@@ -804,3 +804,19 @@ def test_calibration_is_bounded_and_says_how_far_it_got(monkeypatch):
     measure_profile(target, draft, [0, 1], g_max=3, repeats=1, progress=heard.append)
     calls = [line for line in heard if " calls (" in line]
     assert [c.split(", ")[1].split(" (")[0] for c in calls] == [f"{i} of 6 calls" for i in range(1, 7)]
+
+
+def test_regrade_refuses_a_stored_infinite_check_timeout(tmp_path, capsys):
+    """A bench stored before the check of --check-timeout may hold ``Infinity`` in its config.json: regrade
+    refuses it (it failed correct answers inside the checkers) unless --check-timeout is given."""
+    cfg = config(tmp_path, n_rows=2, n_samples=1)
+    out, _ = runner.run_bench(cfg, progress=False, load_models=fake_models, log=lambda m: None, report=False)
+    stored = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**stored, "check_timeout_s": float("inf")}))
+    code, _, err = run_cli(capsys, "regrade", out)
+    assert_clear_error(code, err, "config.json", "pass --check-timeout",
+                       "its check_timeout_s must be a number of seconds in (0, 3600], got inf")
+    code, out_text, err = run_cli(capsys, "regrade", out, "--check-timeout", "5")
+    assert code == 0 and "0 of 10 verdicts changed" in out_text, err
+    code, _, err = run_cli(capsys, "regrade", out, "--check-timeout", "inf")
+    assert_clear_error(code, err, "--check-timeout must be a number of seconds in (0, 3600]")

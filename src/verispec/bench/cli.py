@@ -8,7 +8,7 @@ from pathlib import Path
 
 from verispec import flags
 from verispec.bench import runner
-from verispec.params import shown
+from verispec.params import check_number, shown
 from verispec.rules import split_specs
 from verispec.settings import (
     DATA_FIELDS,
@@ -48,8 +48,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-baselines", action="store_true", help="do not pair lossy rules with their true baselines")
     p.add_argument("--no-lossless-ref", action="store_true", help="do not run lossless SD as the speed reference")
     p.add_argument("--no-target-only", action="store_true", help="do not run plain target-only sampling")
-    p.add_argument("--check-timeout", default=10.0, help="seconds per answer check / test execution",
-                   type=flags.number("--check-timeout", lo=0.0, lo_open=True, hi=MAX_CHECK_TIMEOUT_S, unit="seconds"))
+    p.add_argument("--check-timeout", default=10.0, type=_check_timeout_flag(),
+                   help="seconds per answer check / test execution")
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the run makes (datasets loaded, model files, output folder, Ray address) "
                    "and print the planned runs; nothing is decoded or written")
@@ -86,8 +86,14 @@ def add_parsers(sub) -> None:
                    help="store the new verdicts (the replaced one is kept in the sample's meta) and rewrite the report")
     p.add_argument("--data-dir", default=None, type=flags.text("--data-dir", "the folder of the offline datasets"),
                    help="folder with the offline datasets (default: as the bench used)")
+    p.add_argument("--check-timeout", default=None, type=_check_timeout_flag(),
+                   help="seconds per answer check / test execution (default: the bench's own --check-timeout)")
     _add_unsafe_sandbox_flag(p)
     p.set_defaults(func=cmd_regrade)
+
+
+def _check_timeout_flag():
+    return flags.number("--check-timeout", lo=0.0, lo_open=True, hi=MAX_CHECK_TIMEOUT_S, unit="seconds")
 
 
 def _add_unsafe_sandbox_flag(p) -> None:
@@ -238,6 +244,23 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _regrade_timeout(src: Path, given: float | None) -> float | None:
+    """``--check-timeout``, else the bench's own, checked as a bench checks it: a store written before that
+    check may hold ``Infinity``, which failed correct answers in the checkers."""
+    if given is not None:
+        return given
+    from verispec.bench.regrade import _bench_config, _store_path
+
+    stored = _bench_config(_store_path(src)).get("check_timeout_s")
+    if stored is None:
+        return None
+    try:
+        return float(check_number(stored, "its check_timeout_s", lo=0.0, lo_open=True, hi=MAX_CHECK_TIMEOUT_S,
+                                  unit="seconds"))
+    except ValueError as exc:
+        raise ValueError(f"the bench's config.json beside {src}: {exc}: pass --check-timeout SECONDS") from None
+
+
 def cmd_regrade(args) -> int:
     from verispec.bench.regrade import regrade
     from verispec.bench.report import build_report
@@ -250,7 +273,8 @@ def cmd_regrade(args) -> int:
         from verispec.outputs import check_out_dir
 
         check_out_dir(src if src.is_dir() else src.parent, flag="regrade --write: the bench folder")
-    summary = regrade(src, write=args.write, data_dir=args.data_dir)
+    timeout = _regrade_timeout(src, args.check_timeout)
+    summary = regrade(src, write=args.write, data_dir=args.data_dir, timeout_s=timeout)
     print(summary.format())
     if args.write:
         out = src if src.is_dir() else src.parent
