@@ -78,13 +78,15 @@ def test_a_plan_with_a_rule_vllm_cannot_run_is_refused_before_any_engine(tmp_pat
         VllmExecutor(_config(tmp_path, rules=["cos_we:lam=0.5"], draft="ngram"), tmp_path / "out")
 
 
-def test_the_bench_cli_plans_through_vllm_and_refuses_what_vllm_cannot_run(tmp_path, capsys):
+def test_the_bench_cli_plans_through_vllm_and_refuses_what_vllm_cannot_run(tmp_path, capsys, monkeypatch):
     """`verispec bench --engine vllm`: its dry run checks the plan against vLLM's proposer (a sequence-level
     rule and verispec-side scaling flags are refused with one line, exit 2), and --vllm-option values parse."""
     from verispec import cli
     from verispec.bench.cli import vllm_executor
 
     cfg = _config(tmp_path)
+    _exported_pair(tmp_path / "cache")          # the executor checks its models as vLLM loads them
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     data = cfg.datasets[0]
     common = ["bench", "--engine", "vllm", "--dry-run", "--dataset", data, "--question-field", "question",
               "--answer-field", "answer", "--id-field", "id", "--checker", "gsm8k", "--out", str(tmp_path / "o"),
@@ -100,6 +102,45 @@ def test_the_bench_cli_plans_through_vllm_and_refuses_what_vllm_cannot_run(tmp_p
     executor = vllm_executor(args, cfg, cluster_from_args(args))
     assert executor.vllm_kwargs["tensor_parallel_size"] == 2
     assert executor.vllm_kwargs["distributed_executor_backend"] == "ray"
+
+
+def _exported_pair(cache: Path) -> None:
+    """Mark both embedded models as exported for vLLM in the verispec cache ``cache`` (models.vllm_model)."""
+    from verispec.integrations.vllm.models import _DONE
+    from verispec.models.embedded import EMBEDDED_MODELS
+
+    for role in ("target", "draft"):
+        folder = cache / "hf" / Path(EMBEDDED_MODELS[role].filename).stem
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _DONE).write_text("test\n")
+
+
+def test_the_dry_run_accepts_the_embedded_pair_that_the_run_accepts(tmp_path, monkeypatch, capsys):
+    """vLLM loads the embedded pair as its float32 export in the verispec cache, so the chunk packages need not be
+    installed beside vLLM: the dry run checks what the vLLM run loads (it used to ask for the packages)."""
+    from verispec import cli
+    from verispec.models.embedded import embedded_available
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    data = _config(tmp_path).datasets[0]
+    command = ["bench", "--engine", "vllm", "--dry-run", "--dataset", data, "--question-field", "question",
+               "--answer-field", "answer", "--id-field", "id", "--checker", "gsm8k", "--out", str(tmp_path / "o"),
+               "--gamma", "2", "--rules", "lenience:ell=0.5"]
+    if not embedded_available():     # nothing exported or assembled and no packages: refused, saying how
+        assert cli.main(command) == 2
+        assert "embedded target model" in capsys.readouterr().err
+    _exported_pair(tmp_path / "cache")
+    assert cli.main(command) == 0
+    assert "lenience:ell=0.5" in capsys.readouterr().out
+
+
+def test_the_report_says_why_vllm_runs_have_no_distortion_table(bench_dir):
+    """The vLLM engine records no (p, q) positions: the report says to run verispec's engine, not to rerun into a
+    new --out (which would record nothing again)."""
+    _, _, report = bench_dir
+    text = Path(report.markdown_path).read_text()
+    assert "the vLLM engine does not record (p, q)" in text
+    assert "a new `--out`" not in text
 
 
 def test_two_engines_fit_on_vllms_cpu_backend_unless_the_user_sizes_them(monkeypatch):

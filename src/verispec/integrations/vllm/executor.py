@@ -60,6 +60,12 @@ class VllmExecutor:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         check_plan(cfg)
+        if not engines:
+            # the models as vLLM will load them; the bench's dry run relies on this check instead of verispec's own
+            # (which wants the embedded chunk packages installed, where vLLM also takes the cached export)
+            from verispec.integrations.vllm.models import check_models
+
+            check_models(cfg)
         self.cfg, self.out, self.batch_size = cfg, Path(out), batch_size
         self.vllm_kwargs = dict(vllm_kwargs or {})
         self.vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")

@@ -33,6 +33,37 @@ def embedded_gguf(role: str) -> Path:
                             "pass a model directory")
 
 
+def check_models(cfg) -> None:
+    """What :func:`vllm_model` would refuse about a bench config's models, found without loading or exporting
+    them (the vLLM executor's check, run by the dry run and the real run alike): the embedded pair is fine
+    when exported, installed, or assembled in the cache (the chunk packages need not be installed in
+    ``.venv-vllm``); ``.gguf`` files must exist and be GGUF; directories must hold a ``config.json``; hub ids
+    are not looked up."""
+    from verispec.models.gguf_check import check_gguf
+
+    roles = [("target", cfg.target)]
+    if (cfg.rules or cfg.lossless_ref) and not is_ngram_draft(cfg.draft):
+        roles.append(("draft", cfg.draft))
+    for role, spec in roles:
+        if spec is None or str(spec).strip().lower() in _EMBEDDED:
+            from verispec.models.embedded import embedded_available
+
+            exported = default_cache_dir() / "hf" / Path(EMBEDDED_MODELS[role].filename).stem / _DONE
+            if not (exported.is_file() or embedded_available(role)):
+                embedded_gguf(role)          # the assembled copy in the cache, or the error saying what to do
+            continue
+        path = Path(spec).expanduser()
+        if str(spec).lower().endswith(".gguf"):
+            if not path.is_file():
+                raise FileNotFoundError(f"{role} model file not found: {path}")
+            check_gguf(path)
+        elif path.is_dir() and not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{role} model directory {path} has no config.json: vLLM loads transformers "
+                                    "model directories (config.json, weights, tokenizer files)")
+        elif not path.exists() and str(spec).startswith((".", "/", "~")):
+            raise FileNotFoundError(f"{role} model directory not found: {path}")
+
+
 def vllm_model(spec: str | os.PathLike | None, role: str, *, cache_dir: str | os.PathLike | None = None) -> str:
     """A directory or hub id vLLM can load for verispec's model spec ``spec`` of ``role`` ("target"/"draft")."""
     if is_ngram_draft(spec):
