@@ -389,3 +389,12 @@ def test_the_cpu_count_without_the_sandboxs_own_takes_in_every_process(tmp_path,
     assert cpu is not None and 1.1 < cpu < 1.2 + res.duration_s, (cpu, own, res.duration_s)
     if own[0] is not None:  # the sandbox's own count, where there is one, agrees
         assert abs(cpu - own[0]) < 0.5, (cpu, own)
+
+
+def test_a_failing_reference_is_named_not_a_checker_error(fresh_verdicts):
+    """A reference run that fails (here: the canonical solution raises on an input) gives the
+    verdict "reference solution failed: ...", never a checker error (the gold run's Mbpp/161 under
+    load: the error text had landed in the reference's sizes, and summing them raised TypeError)."""
+    p = _evalplus("T/refails", "inverse", 'def inverse(n):\n    """1 // n."""\n', "    return 1 // n\n", [[1], [0]])
+    r = check(p, fenced("def inverse(n):\n    return 1\n"))
+    assert not r.correct and r.detail.startswith("reference solution failed: input #1: ZeroDivisionError"), r.detail

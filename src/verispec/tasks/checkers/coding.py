@@ -532,7 +532,7 @@ def _evalplus_reference(ans: dict, task_id: str) -> _EvalPlusRef:
             why = None if bad is None else f"input #{bad}: {run.result(bad)['raised']}"
         if why is not None:
             err = f"reference solution failed: {why}"
-            return _EvalPlusRef(calls, inputs, [], [], err), run.status != "error"
+            return _EvalPlusRef(calls, inputs, [], [], error=err), run.status != "error"
         expected = [expected_output(flavour, entry, _value(run.result(i))) for i in range(len(run.results))]
         limits = [max(MIN_CALL_S, CALL_FACTOR * t) for t in run.times]
         return _EvalPlusRef(calls, [decode(c["args"]) for c in calls], expected, limits, run.sizes), True
