@@ -83,6 +83,24 @@ def test_llama_text_methods_from_two_threads_answer_as_one_thread(embedded_pair_
         be.close()
 
 
+def test_one_sequence_views_share_the_weights_and_compute_what_the_backend_does():
+    import torch
+
+    from tests.helpers.fake_lm import FakeLM
+    from verispec.models.batch import RowsOfBackends, one_sequence_views
+
+    pair = tiny_served(rows=2)
+    target, draft = one_sequence_views(pair.target_rows, pair.draft_rows)
+    assert target.model is pair.target.model and draft.model is pair.draft.model      # no second copy
+    assert target is not pair.target and target.n_cached == 0
+    ids = pair.target.tokenize("def add(a, b):")
+    pair.target.forward(ids[:3])                        # the backend's own cache is left alone by the view
+    assert torch.equal(target.forward(ids), pair.target_rows.single.sibling().forward(ids))
+    assert pair.target.n_cached == 3 and target.n_cached == len(ids)
+    # backends with no sibling lend no view: the scheduler then loads a single-sequence pair of its own
+    assert one_sequence_views(RowsOfBackends([FakeLM(), FakeLM()]), None) is None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the real server under load
 

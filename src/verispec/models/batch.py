@@ -126,6 +126,27 @@ def row_slices(tokens: Sequence[Sequence[int]], *, last_only: bool = False) -> l
     return out
 
 
+def one_sequence_views(target_rows: Any, draft_rows: Any | None) -> tuple[Any, Any | None] | None:
+    """Single-sequence views ``(target, draft or None)`` of batched backends on their own weights
+    (``one_sequence()``), for what batches cannot decode; None where a backend cannot lend one (then a
+    caller loads a single-sequence pair of its own)."""
+    if not all(rows is None or hasattr(rows, "one_sequence") for rows in (target_rows, draft_rows)):
+        return None
+    try:
+        target = target_rows.one_sequence()
+    except NotImplementedError:
+        return None
+    if draft_rows is None:
+        return target, None
+    try:
+        return target, draft_rows.one_sequence()
+    except NotImplementedError:
+        close = getattr(target, "close", None)
+        if close is not None:
+            close()
+        return None
+
+
 def _check_rows(backend, tokens: Sequence[Sequence[int]]) -> list[list[int]]:
     """Validate a ``forward_rows`` argument on every row before any state changes."""
     if len(tokens) != backend.batch_size:

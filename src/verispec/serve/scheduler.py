@@ -38,6 +38,7 @@ from typing import Any
 from verispec.engine.decoding import GenerationResult
 from verispec.engine.request import Decode, generate_single, row_request
 from verispec.engine.session import BatchSession, RowHandle, Scores
+from verispec.models.batch import one_sequence_views
 from verispec.serve.protocol import APIError
 
 _log = logging.getLogger("verispec.serve")
@@ -328,7 +329,7 @@ class Scheduler:
             if self._single_factory is None:
                 raise ValueError("this server decodes batched chains only (no single-sequence models were "
                                  "given): prompt lookup, trees, gamma 'auto' and raw-distribution rules are off")
-            self._single = shared_singles(self.target_rows, self.draft_rows) or self._single_factory()
+            self._single = one_sequence_views(self.target_rows, self.draft_rows) or self._single_factory()
         return self._single
 
     def _run_single(self, job: Job) -> GenerationResult:
@@ -360,26 +361,6 @@ class Scheduler:
                 job.on_tokens(committed[:end])
 
         return generate_single(target, draft, job.prompt, d, costs=costs, observers=[watch])
-
-
-def shared_singles(target_rows: Any, draft_rows: Any | None) -> tuple[Any, Any | None] | None:
-    """Single-sequence views ``(target, draft or None)`` of batched backends on their own weights
-    (``one_sequence()``), or None where a backend cannot lend one."""
-    if not all(rows is None or hasattr(rows, "one_sequence") for rows in (target_rows, draft_rows)):
-        return None
-    try:
-        target = target_rows.one_sequence()
-    except NotImplementedError:
-        return None
-    if draft_rows is None:
-        return target, None
-    try:
-        return target, draft_rows.one_sequence()
-    except NotImplementedError:
-        close = getattr(target, "close", None)
-        if close is not None:
-            close()
-        return None
 
 
 def _timeout(job: Job) -> APIError:
