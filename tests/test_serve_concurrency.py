@@ -101,6 +101,31 @@ def test_one_sequence_views_share_the_weights_and_compute_what_the_backend_does(
     assert one_sequence_views(RowsOfBackends([FakeLM(), FakeLM()]), None) is None
 
 
+@pytest.mark.embedded
+def test_llama_one_sequence_view_computes_what_a_backend_loaded_alone_computes(embedded_pair_paths):
+    """The view of a batch's model (a context of its own: n_ctx of a row, 255 tree sequences) gives the logits,
+    chain and tree, of a LlamaBackend loaded on its own with those settings: bitwise."""
+    pytest.importorskip("llama_cpp")
+    import torch
+
+    from verispec.models.batch import LlamaBatchBackend
+    from verispec.models.llama import LlamaBackend
+
+    rows = LlamaBatchBackend(embedded_pair_paths.draft, batch_size=2, n_ctx=64, n_threads=1)
+    alone = LlamaBackend(embedded_pair_paths.draft, n_ctx=64, n_threads=1)
+    view = rows.one_sequence()
+    try:
+        assert view._model is rows.single._model and view.context_length == alone.context_length == 64
+        ids = alone.tokenize("def add(a, b):\n    return")
+        assert torch.equal(view.forward(ids), alone.forward(ids))
+        tree = ([11, 12, 13, 14], [-1, -1, 0, 0])
+        assert torch.equal(view.forward_tree(*tree), alone.forward_tree(*tree))
+    finally:
+        view.close()
+        rows.close()
+        alone.close()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the real server under load
 
