@@ -65,11 +65,11 @@ class VerispecLM(TemplateLM):
         check_rule_applies(rule, draft_source or "model", baseline, flag=False)
         settings = SimpleNamespace(target=target, draft=draft, n_ctx=a["n_ctx"], n_threads=a["n_threads"],
                                    device=a["device"], dtype=a["dtype"], lookup=False)
-        if backends is None:
-            check_model_settings(settings, need_draft=draft_source != "none" and not baseline)
         ngram = False
         if backends is None:
             from verispec.models import is_ngram_draft, load_pair
+
+            check_model_settings(settings, need_draft=draft_source != "none" and not baseline)
 
             ngram = is_ngram_draft(draft)
             rows_t, rows_d, _ = load_pair(settings, batch_size=int(rows), batch_invariant=bool(batch_invariant),
