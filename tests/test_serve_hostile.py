@@ -295,6 +295,10 @@ _HOSTILE = [
      b'{"messages": [{"role": "user", "content": "' + b"x" * (30 << 20) + b'"}]}', "messages", "context"),
     ("a 30 MiB prompt in a list", "/v1/completions", b'{"prompt": ["hi", "' + b"x" * (30 << 20) + b'"]}', "prompt",
      "prompt 1"),
+    ("a 30 MiB text to /tokenize", "/tokenize", b'{"prompt": "' + b"x" * (30 << 20) + b'"}', "prompt", "context"),
+    ("a 30 MiB message to /tokenize", "/tokenize",
+     b'{"messages": [{"role": "user", "content": "' + b"x" * (30 << 20) + b'"}]}', "messages", "context"),
+    ("two million ids to /detokenize", "/detokenize", b'{"tokens": [' + b"1," * 2_000_000 + b"1]}", None, "values"),
     ("a 1 MiB model name", "/v1/completions", b'{"prompt": "hi", "model": "' + b"m" * (1 << 20) + b'"}', "model",
      "does not exist"),
 ]
@@ -307,6 +311,31 @@ def test_hostile_bodies_get_a_4xx_with_an_error_body(served, what, endpoint, bod
     error = r.json()["error"]
     assert word in error["message"] and error["param"] == param, error
     assert len(r.content) < 2000                  # a refusal quotes at most a bounded part of the request
+
+
+def test_a_long_stream_adds_up_to_the_answer(monkeypatch):
+    """Past :data:`verispec.serve.app.LONG_TEXT` tokens a stream's text is decoded off the event loop (here
+    from 2 tokens on, in this process); its deltas still add up to the text the request gets unstreamed."""
+    import verispec.serve.app as app_module
+    from tests.helpers.serve import serve_tiny, tiny_served
+
+    monkeypatch.setattr(app_module, "LONG_TEXT", 2)
+    server = serve_tiny(tiny_served(rows=2))
+    try:
+        for prompt in ("hello", "zzz", "1 2 3", "print(", "xyz", "aaaa", "qq"):      # one whose answer is long
+            body = {"prompt": prompt, "max_tokens": 40, "temperature": 0}
+            whole = requests.post(server.url + "/v1/completions", json=body, timeout=300).json()["choices"][0]
+            if whole["finish_reason"] == "length":
+                break
+        pieces = []
+        with requests.post(server.url + "/v1/completions", json=dict(body, stream=True), stream=True,
+                           timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    pieces.append(json.loads(line[6:])["choices"][0]["text"])
+    finally:
+        server.stop()
+    assert whole["finish_reason"] == "length" and "".join(pieces) == whole["text"] and len(pieces) > 2
 
 
 def test_the_server_serves_after_the_hostile_bodies(served):

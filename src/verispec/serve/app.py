@@ -32,6 +32,7 @@ from verispec.serve.protocol import (
     ParsedRequest,
     Policy,
     bad,
+    check_prompt_chars,
     check_token_ids,
     get_bool,
     parse_body,
@@ -57,6 +58,8 @@ _log = logging.getLogger("verispec.serve")
 MAX_BODY = 32 * 1024 * 1024
 #: Seconds a request's body may take to arrive (``--body-timeout``); beyond, 408 and the connection closes.
 BODY_TIMEOUT_S = 60.0
+#: Tokens from which decoding a text runs off the event loop (below, the thread hand-off costs more).
+LONG_TEXT = 256
 #: Seconds between checks that a waiting client is still connected (and SSE keep-alive comments).
 POLL_S = 1.0
 
@@ -159,17 +162,20 @@ def create_app(scheduler: Scheduler, model: ServedModel, policy: Policy, *, requ
         if "messages" in body:
             from verispec.serve.protocol import check_messages
 
+            messages = check_messages(body["messages"])
+            check_prompt_chars(sum(len(m["content"]) for m in messages), policy, "the messages' content", "messages")
             try:
-                ids = model.chat(check_messages(body["messages"]))
+                ids = await run_in_threadpool(model.chat, messages)     # seconds of CPU for a long text
             except ValueError as exc:
                 raise bad(f"messages: {exc}", "messages") from None
         else:
             text = body.get("prompt")
             if not isinstance(text, str):
                 raise bad("'prompt' must be a string (or give 'messages')", "prompt")
+            check_prompt_chars(len(text), policy, "the text", "prompt")
             # special-token text becomes its special id, as vLLM's /tokenize (HF tokenizers) does: lm-eval's
             # remote tokenizer reads the EOS id as the first id of tokenize(eos_token)
-            ids = model.tokenize(text, add_special=add, parse_special=True)
+            ids = await run_in_threadpool(model.tokenize, text, add_special=add, parse_special=True)
         return {"tokens": ids, "count": len(ids), "max_model_len": policy.context_length}
 
     @app.post("/detokenize")
@@ -178,7 +184,9 @@ def create_app(scheduler: Scheduler, model: ServedModel, policy: Policy, *, requ
         tokens = body.get("tokens")
         if not isinstance(tokens, list):
             raise bad("'tokens' must be an array of token ids", "tokens")
-        return {"prompt": model.detokenize(check_token_ids(tokens, policy, "tokens")) if tokens else ""}
+        if not tokens:
+            return {"prompt": ""}
+        return {"prompt": await run_in_threadpool(lambda: model.detokenize(check_token_ids(tokens, policy, "tokens")))}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -292,8 +300,10 @@ async def _serve(state: ServerState, request: Request, body: dict, parsed: Parse
             scores = await asyncio.wrap_future(state.scheduler.score(ids + out_tokens, parsed.logprobs or 0))
             if parsed.logprobs is not None:
                 start = 0 if parsed.echo else len(ids)
-                lp = logprobs_block(state.model, ids + out_tokens, scores, start, parsed.logprobs,
-                                    0 if parsed.echo else len(prefix), eos_of(job, scores, state.model.eos_token_ids))
+                # a piece of text per token and alternative (up to 21 x the context): off the event loop
+                lp = await run_in_threadpool(logprobs_block, state.model, ids + out_tokens, scores, start,
+                                             parsed.logprobs, 0 if parsed.echo else len(prefix),
+                                             eos_of(job, scores, state.model.eos_token_ids))
         choices.append({"index": k, "text": prefix + text, "logprobs": lp, "finish_reason": reason})
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     done_jobs = [by_index[k] for k in sorted(by_index)]
@@ -375,7 +385,9 @@ async def _stream(state: ServerState, request: Request, parsed: ParsedRequest, j
             if what == "disconnect":
                 return
             if what == "tokens":
-                delta = texts[k].update(payload)
+                # the whole text so far is decoded again: off the event loop once it is long
+                delta = texts[k].update(payload) if len(payload) < LONG_TEXT else \
+                    await run_in_threadpool(texts[k].update, payload)
                 if delta:
                     yield sse(chunk(kind, rid, created, name, k, delta))
                 continue
