@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the cost model decides token by token whether one more draft token pays (default: auto with "
                    "--gamma auto and a draft model without --lookup, else 0; --gamma auto --draft-stop 0: the cost "
                    "model chooses each step's γ alone)")
-    p.add_argument("--draft-head", default=None, type=flags.text("--draft-head", "an EAGLE-3 head's directory"),
+    p.add_argument("--draft-head", default=None,
+                   type=flags.text("--draft-head", "an EAGLE-3 head's directory", path=True),
                    help="an EAGLE-3 head (directory in its authors' layout) drafting for a transformers --target "
                    "instead of a draft model; its tree: --tree dynamic:top_k=10,depth=5,nodes=60 (the default)")
     flags.add_model_flags(p)

@@ -67,9 +67,9 @@ def explicit(args: argparse.Namespace) -> frozenset[str]:
 def add_model_flags(ap: argparse.ArgumentParser) -> None:
     d = ModelSettings()
     model = "a .gguf path, a Hugging Face id or a model directory"
-    ap.add_argument("--target", default=d.target, type=text("--target", model),
+    ap.add_argument("--target", default=d.target, type=text("--target", model, path=True),
                     help="target model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-1.5B)")
-    ap.add_argument("--draft", default=d.draft, type=text("--draft", f"{model}, or ngram"),
+    ap.add_argument("--draft", default=d.draft, type=text("--draft", f"{model}, or ngram", path=True),
                     help="draft model: .gguf path, HF id or directory (default: embedded Qwen2.5-Coder-0.5B), "
                     "or ngram: prompt-lookup drafting without a draft model")
     ap.add_argument("--lookup", action="store_true", default=d.lookup,
@@ -104,7 +104,7 @@ def add_draft_vocab_flags(ap: argparse.ArgumentParser) -> None:
                     "32768; full: all): a cheaper draft forward (transformers: only those rows of its output "
                     "layer; llama.cpp: a GGUF cut to them, written once to the cache); lossless rules stay exact")
     ap.add_argument("--draft-vocab-corpus", action="append", default=None,
-                    type=text("--draft-vocab-corpus", "a text, code or JSONL file"),
+                    type=text("--draft-vocab-corpus", "a text, code or JSONL file", path=True),
                     help="text, code or JSONL file whose token counts rank the draft's vocabulary (repeatable; "
                     "default: the Python standard library's sources, read locally)")
 
@@ -151,11 +151,13 @@ def seed_value(what: str = "--seed"):
     return number(what, kind=int, lo=0, hi=MAX_SEED)
 
 
-def text(what: str, meaning: str = ""):
+def text(what: str, meaning: str = "", *, path: bool = False):
     """An argparse type: non-empty UTF-8 text (an empty value, e.g. an unset shell variable, would mean nothing
-    or silently the default). ``meaning`` completes "give ..." in the error."""
+    or silently the default). ``meaning`` completes "give ..." in the error. ``path``: a file or folder name,
+    which may hold any bytes but NUL (so it is not checked for UTF-8)."""
     def parse(value: str) -> str:
-        check_utf8(value, what)
+        if not path:
+            check_utf8(value, what)
         if not value.strip():
             raise argparse.ArgumentTypeError(f"{what} is empty: give {meaning or 'a value'}, or drop {what}")
         return value
@@ -203,8 +205,9 @@ def add_dataset_flags(ap: argparse.ArgumentParser, dataset_help: str) -> None:
     """The dataset-source flags shared by ``bench`` and ``diagnose`` (their own ``--limit``/``--offset``
     carry their own defaults)."""
     ap.add_argument("--dataset", action="append", default=None, help=dataset_help,
-                    type=text("--dataset", "a dataset name or a JSONL path"))
-    ap.add_argument("--data-dir", default=None, type=text("--data-dir", "the folder of the offline datasets"),
+                    type=text("--dataset", "a dataset name or a JSONL path", path=True))
+    ap.add_argument("--data-dir", default=None,
+                    type=text("--data-dir", "the folder of the offline datasets", path=True),
                     help="folder with the offline datasets "
                     "(default: $VERISPEC_DATA, else ~/.local/share/verispec/data)")
     ap.add_argument("--question-field", default=None, type=text("--question-field", "a field name of the rows"))

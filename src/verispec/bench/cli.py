@@ -41,9 +41,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--offset", type=flags.number("--offset", kind=int, lo=0, hi=MAX_PROBLEMS), default=0)
     p.add_argument("--n-samples", type=flags.positive_int("--n-samples", MAX_SAMPLES), default=1,
                    help="samples per problem")
-    p.add_argument("--out", default=runner.DEFAULT_OUT, type=flags.text("--out", "the folder for the results"),
+    p.add_argument("--out", default=runner.DEFAULT_OUT,
+                   type=flags.text("--out", "the folder for the results", path=True),
                    help="result directory (SQLite store, report, plots)")
-    p.add_argument("--sweep", default=None, type=flags.text("--sweep", "a .toml or .yaml sweep file"),
+    p.add_argument("--sweep", default=None, type=flags.text("--sweep", "a .toml or .yaml sweep file", path=True),
                    help="TOML/YAML file with the grid (keys as the long flags)")
     p.add_argument("--no-baselines", action="store_true", help="do not pair lossy rules with their true baselines")
     p.add_argument("--no-lossless-ref", action="store_true", help="do not run lossless SD as the speed reference")
@@ -71,8 +72,8 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("report", help="Markdown report and plots of a bench directory")
     p.add_argument("dir", help="bench output directory (or a results.sqlite file)",
-                   type=flags.text("the bench directory", "a bench output directory"))
-    p.add_argument("--out", default=None, type=flags.text("--out", "the folder for the report"),
+                   type=flags.text("the bench directory", "a bench output directory", path=True))
+    p.add_argument("--out", default=None, type=flags.text("--out", "the folder for the report", path=True),
                    help="where to write the report (default: the bench directory)")
     p.set_defaults(func=cmd_report)
 
@@ -81,10 +82,11 @@ def add_parsers(sub) -> None:
                        "verdicts that changed. Without --write the store is only read (an older schema is still "
                        "migrated, with a backup).")
     p.add_argument("dir", help="bench output directory (or a results.sqlite file)",
-                   type=flags.text("the bench directory", "a bench output directory"))
+                   type=flags.text("the bench directory", "a bench output directory", path=True))
     p.add_argument("--write", action="store_true",
                    help="store the new verdicts (the replaced one is kept in the sample's meta) and rewrite the report")
-    p.add_argument("--data-dir", default=None, type=flags.text("--data-dir", "the folder of the offline datasets"),
+    p.add_argument("--data-dir", default=None,
+                   type=flags.text("--data-dir", "the folder of the offline datasets", path=True),
                    help="folder with the offline datasets (default: as the bench used)")
     p.add_argument("--check-timeout", default=None, type=_check_timeout_flag(),
                    help="seconds per answer check / test execution (default: the bench's own --check-timeout)")

@@ -31,8 +31,9 @@ def add_parser(sub, accuracy_gaps: AccuracyGaps | None = None) -> None:
     p.add_argument("--limit", type=flags.positive_int("--limit", MAX_PROBLEMS), default=defaults.limit,
                    help="problems per dataset")
     p.add_argument("--offset", type=flags.number("--offset", kind=int, lo=0, hi=MAX_PROBLEMS), default=defaults.offset)
-    p.add_argument("--out", default=defaults.out, type=flags.text("--out", "the folder for the outputs"))
-    p.add_argument("--bench", dest="bench_dir", default=None, type=flags.text("--bench", "a bench output directory"),
+    p.add_argument("--out", default=defaults.out, type=flags.text("--out", "the folder for the outputs", path=True))
+    p.add_argument("--bench", dest="bench_dir", default=None,
+                   type=flags.text("--bench", "a bench output directory", path=True),
                    help="a bench directory: report the rank correlation of distortion and accuracy gap")
     p.add_argument("--recollect", action="store_true", help="record the corpus again even if corpus.npz matches")
     p.add_argument("--no-progress", action="store_true")
