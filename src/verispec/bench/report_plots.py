@@ -221,14 +221,7 @@ def plot_gap(rows: list[RunRow], datasets: list[str], path: Path) -> Path:
     ax.set_ylabel("accuracy − baseline accuracy")
     ax.set_title("Accuracy gap vs true baseline (filled) and, for truncation rules,\nvs plain target "
                  "sampling (hollow; paired, 95% CI)", fontsize=10)
-    ax.grid(True, axis="y", alpha=0.3)
-    if series:
-        fig.legend(loc="outside right upper", fontsize=8, title="rule", title_fontsize=8, frameon=False)
-    else:
-        ax.text(0.5, 0.5, "no method run has a paired baseline", transform=ax.transAxes, ha="center")
-    with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
-        fig.savefig(tmp, format="png")
-    return path
+    return _save_with_legend(fig, ax, path, "rule", bool(series), "no method run has a paired baseline")
 
 
 def plot_spec_bench(rows: list[RunRow], conf: float, path: Path) -> Path:
@@ -258,11 +251,16 @@ def plot_spec_bench(rows: list[RunRow], conf: float, path: Path) -> Path:
     ax.set_xticks(x, columns, fontsize=8)
     ax.set_ylabel("speed-up over target-only (tokens/s)")
     ax.set_title(f"Spec-Bench: measured speed-up per column ({100 * conf:g}% bootstrap interval)", fontsize=10)
+    return _save_with_legend(fig, ax, path, "method", bool(groups), "no method run beside a target-only run")
+
+
+def _save_with_legend(fig, ax, path: Path, title: str, has_series: bool, empty_note: str) -> Path:
+    """A y grid, the legend beside the axes (or ``empty_note`` on them when nothing was drawn), then the PNG."""
     ax.grid(True, axis="y", alpha=0.3)
-    if groups:
-        fig.legend(loc="outside right upper", fontsize=8, title="method", title_fontsize=8, frameon=False)
+    if has_series:
+        fig.legend(loc="outside right upper", fontsize=8, title=title, title_fontsize=8, frameon=False)
     else:
-        ax.text(0.5, 0.5, "no method run beside a target-only run", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, empty_note, transform=ax.transAxes, ha="center")
     with atomic_path(path) as tmp:   # a full disk leaves no half-written PNG
         fig.savefig(tmp, format="png")
     return path
