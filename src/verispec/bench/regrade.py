@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verispec.bench.store import DEFAULT_DB_NAME, ResultStore, StoreError, write_error
+from verispec.params import check_number
+from verispec.settings import MAX_CHECK_TIMEOUT_S
 from verispec.tasks.checkers import check
 from verispec.tasks.datasets import Problem, load_dataset
 from verispec.tasks.sandbox import require_contained
@@ -159,7 +161,10 @@ def regrade(store_dir: str | Path, *, write: bool = False, data_dir: str | Path 
     """
     path = _store_path(store_dir)
     cfg = _bench_config(path)
-    timeout = float(timeout_s if timeout_s is not None else cfg.get("check_timeout_s") or 10.0)
+    # a stored Infinity (a bench from before the check) would fail correct answers inside the checkers
+    timeout = float(check_number(timeout_s if timeout_s is not None else cfg.get("check_timeout_s") or 10.0,
+                                 "the check timeout" if timeout_s is not None else "the bench's stored check_timeout_s",
+                                 lo=0.0, lo_open=True, hi=MAX_CHECK_TIMEOUT_S, unit="seconds"))
     cache: dict[str, dict[str, Problem]] = {}
     results: list[RunRegrade] = []
     updates: list[tuple] = []
