@@ -253,6 +253,37 @@ def test_slow_loris_connections_are_closed_and_the_server_keeps_serving(served):
     assert answers["unread body"] == {b"HTTP/1.1 200 OK"}      # answered, then closed at the body deadline
 
 
+_BAD_HTTP = [
+    # (what, bytes sent, status)
+    ("binary garbage", b"\x00\x01\x02 garbage\r\n\r\n", 400),
+    ("a request line without a version", b"GET /health\r\n\r\n", 400),
+    ("a header without a colon", b"GET /health HTTP/1.1\r\nHost x\r\n\r\n", 400),
+    ("Content-Length not a number", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+    ("two Content-Lengths", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+     b"Content-Length: 3\r\n\r\n{}", 400),
+    ("Content-Length of 5,000 digits", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+     + b"9" * 5000 + b"\r\n\r\n", 400),                  # h11 refuses it
+    ("a chunk size of 16^30", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + b"f" * 30 + b"\r\n{", 400),                       # h11 refuses it
+    ("chunks beyond 32 MiB", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + (b"100000\r\n" + b" " * 0x100000 + b"\r\n") * 33, 413),
+    ("headers over 16 KiB", b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * 20_000, 431),
+]
+
+
+@pytest.mark.parametrize("what,data,status", _BAD_HTTP, ids=[c[0] for c in _BAD_HTTP])
+def test_malformed_http_gets_an_error_body_and_the_connection_closes(served, what, data, status):
+    sock = connect(served.port)
+    try:
+        sock.sendall(data)
+    except OSError:                               # closed while sending: what was answered is in the buffer
+        pass
+    seconds, response = read_until_closed(sock)
+    got, error = status_and_error(response)
+    assert got == status and error["message"], (got, error)
+    assert seconds < BODY_S + SLACK_S
+
+
 # -- malformed and hostile bodies ----------------------------------------------------------------------------
 
 _DEEP = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -299,6 +330,8 @@ _HOSTILE = [
     ("a 30 MiB message to /tokenize", "/tokenize",
      b'{"messages": [{"role": "user", "content": "' + b"x" * (30 << 20) + b'"}]}', "messages", "context"),
     ("two million ids to /detokenize", "/detokenize", b'{"tokens": [' + b"1," * 2_000_000 + b"1]}", None, "values"),
+    ("brackets, commas, escaped quotes in a 2 MiB string", "/v1/completions",    # no structure: only too long
+     b'{"prompt": "' + b'[{,\\"\\\\' * 300_000 + b'"}', "prompt", "context"),
     ("a 1 MiB model name", "/v1/completions", b'{"prompt": "hi", "model": "' + b"m" * (1 << 20) + b'"}', "model",
      "does not exist"),
 ]

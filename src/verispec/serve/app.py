@@ -246,7 +246,7 @@ async def _json(request: Request) -> dict:
     except ClientDisconnect:
         raise APIError(400, "the client closed the connection before sending its whole body",
                        headers=_CLOSE) from None
-    return await run_in_threadpool(parse_body, b"".join(parts), state.policy.max_values)
+    return await run_in_threadpool(lambda: parse_body(b"".join(parts), state.policy.max_values))
 
 
 async def _serve(state: ServerState, request: Request, body: dict, parsed: ParsedRequest):

@@ -201,13 +201,15 @@ def cmd_serve(args) -> int:
              if every_interface(sock) else "")
     print(f"verispec serve: {url_of(sock)}/v1  model {args.served_model_name!r}, rule {args.rule}, "
           f"{scheduler.slots} rows{every}", file=sys.stderr, flush=True)
-    Server(config).run(sockets=[sock])
-    # After a second signal uvicorn skips the app's shutdown: no engine step may still run when the
-    # interpreter exits (torch aborts the process then). The requests' tasks are cancelled by now.
-    scheduler.stop(HARD_STOP_S)
-    if hard_stop.signalled is not None:
-        print(f"verispec serve: stopped {time.monotonic() - hard_stop.signalled:.2f} s after the stop signal",
-              file=sys.stderr, flush=True)
+    try:
+        Server(config).run(sockets=[sock])      # Ctrl-C ends it with KeyboardInterrupt (uvicorn re-raises it)
+    finally:
+        # After a second signal uvicorn skips the app's shutdown: no engine step may still run when the
+        # interpreter exits (torch aborts the process then). The requests' tasks are cancelled by now.
+        scheduler.stop(HARD_STOP_S)
+        if hard_stop.signalled is not None:
+            print(f"verispec serve: stopped {time.monotonic() - hard_stop.signalled:.2f} s after the stop signal",
+                  file=sys.stderr, flush=True)
     return 0
 
 

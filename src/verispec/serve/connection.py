@@ -145,6 +145,9 @@ class DeadlineProtocol(H11Protocol):
         """A head h11 cannot parse: OpenAI's error body instead of uvicorn's plain text (431 for a head
         over :data:`MAX_HEAD` bytes)."""
         self._arm(None)
+        if self.cycle is not None and self.cycle.response_started:      # mid-response: nothing more can be said
+            self._close()
+            return
         if len(self.conn.trailing_data[0]) > MAX_HEAD:
             data = _error_bytes(431, "Request Header Fields Too Large", f"the request's line and headers exceed "
                                 f"{MAX_HEAD} bytes", "request_too_large")

@@ -117,10 +117,34 @@ def parse_body(raw: bytes, max_values: int) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise bad(f"the request body is not UTF-8 text (byte {exc.start + 1}): send UTF-8 JSON") from None
-    # The structure outside strings, found at the speed of str methods: escaped backslashes and quotes go
-    # first, so every quote left opens or closes a string (for valid JSON; invalid JSON fails in the parser
-    # no later than where this reading and the parser's part ways, and nothing is built past that point).
-    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    _check_structure(text, max_values)
+    try:
+        data = json.loads(text, parse_int=_number(int), parse_float=_number(float), parse_constant=_no_constant)
+    except _NumberTooLong as exc:
+        raise bad(f"the request body holds a number of {len(exc.args[0])} characters; numbers here have at most "
+                  f"{MAX_NUMBER_CHARS}") from None
+    except json.JSONDecodeError as exc:
+        raise bad(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:     # NaN / Infinity; nesting the pass above did not see
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad(f"the request body must be a JSON object, got {_type_name(data)}")
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):     # only an escape puts a surrogate into parsed text
+        check_surrogates(data)
+    return data
+
+
+def _check_structure(text: str, max_values: int) -> None:
+    """Refuse JSON text with more than ``max_values`` values or nested deeper than :data:`MAX_DEPTH`, at the
+    speed of str methods (each holds the interpreter for milliseconds per MiB). Counted over the whole
+    text first (strings' text included: an upper bound); only where that bound is exceeded is the structure
+    outside strings found: escaped backslashes and quotes go first, so every quote left opens or closes a
+    string (for valid JSON; invalid JSON fails in the parser no later than where this reading and the
+    parser's part ways, and the parser builds nothing past that point)."""
+    opened = text.count("[") + text.count("{")
+    if opened <= MAX_DEPTH and text.count(",") + opened <= max_values:
+        return
+    unescaped = text.replace("\\\\", "").replace('\\"', "") if "\\" in text else text
     quotes = unescaped.count('"')
     if quotes > 4 * max_values:
         raise bad(f"the request body holds {quotes // 2} strings; this server takes at most {2 * max_values}")
@@ -136,20 +160,6 @@ def parse_body(raw: bytes, max_values: int) -> dict:
     if values > max_values:
         raise bad(f"the request body holds about {values} values; this server takes at most {max_values} (send fewer "
                   "or shorter prompts per request)")
-    try:
-        data = json.loads(text, parse_int=_number(int), parse_float=_number(float), parse_constant=_no_constant)
-    except _NumberTooLong as exc:
-        raise bad(f"the request body holds a number of {len(exc.args[0])} characters; numbers here have at most "
-                  f"{MAX_NUMBER_CHARS}") from None
-    except json.JSONDecodeError as exc:
-        raise bad(f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except (ValueError, RecursionError) as exc:     # NaN / Infinity; nesting the pass above did not see
-        raise bad(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad(f"the request body must be a JSON object, got {_type_name(data)}")
-    if _SURROGATE_ESCAPE.search(unescaped):        # only an escape can put a surrogate into parsed text
-        check_surrogates(data)
-    return data
 
 
 def check_surrogates(data: Any) -> None:
