@@ -209,7 +209,8 @@ def test_assembly_concatenates_verifies_and_stamps(tmp_path, monkeypatch):
     path = emb.embedded_model_path("draft", cache_dir=cache, progress=False, expected_sha256=digest)
     assert path.parent == cache and path.read_bytes() == b"".join(blobs)
     assert Path(str(path) + ".sha256").read_text().split()[0] == digest
-    assert sorted(p.name for p in cache.iterdir()) == [path.name, path.name + ".sha256"]
+    # the model, its stamp, and the empty lock file assemblies of this model take turns through
+    assert sorted(p.name for p in cache.iterdir()) == [f".{path.name}.lock", path.name, path.name + ".sha256"]
 
     # Reuse: size matches and stamp agrees -> no hashing at all.
     def no_hash(_):
@@ -237,7 +238,8 @@ def test_assembly_wrong_digest_raises_and_cleans_up(tmp_path, monkeypatch):
     wrong = "0" * 64
     with pytest.raises(ValueError, match=f"(?s)expected {wrong}.*got {actual}"):
         emb.embedded_model_path("draft", cache_dir=cache, progress=True, expected_sha256=wrong)
-    assert list(cache.iterdir()) == []  # temp file removed, nothing renamed into place
+    # temp file removed, nothing renamed into place (the empty lock file stays for the next assembly)
+    assert [p.name for p in cache.iterdir()] == [f".{emb.EMBEDDED_MODELS['draft'].filename}.lock"]
 
 
 def test_assembly_missing_packages_says_how_to_install(monkeypatch):

@@ -28,7 +28,7 @@ from lm_eval.api.registry import register_model
 
 from verispec.engine.request import DRAFT_SOURCES, Decode, generate_single, resolve_verification, row_request
 from verispec.engine.session import BatchSession
-from verispec.integrations.lm_eval import boolean_arg, check_rule_applies, model_args
+from verispec.integrations.lm_eval_args import boolean_arg, check_rule_applies, model_args
 from verispec.models.base import tokenizer_size
 from verispec.params import check_number, shown
 from verispec.sampling import SamplingConfig
@@ -207,11 +207,14 @@ class VerispecLM(TemplateLM):
         return results
 
     def _generate_one(self, ids: list[int], d: Decode):
-        """One request with ``generate`` on the single-sequence pair (loaded on first use)."""
+        """One request with ``generate`` on single-sequence views of the batched backends' models (their own
+        caches on the same weights), or a pair of its own where the backends lend none (made on first use)."""
         if self._single is None:
             from verispec.models import load_pair
+            from verispec.models.batch import one_sequence_views
 
-            self._single = tuple(load_pair(self._settings, need_draft=self.draft_rows is not None)[:2])
+            self._single = one_sequence_views(self.target_rows, self.draft_rows) or \
+                tuple(load_pair(self._settings, need_draft=self.draft_rows is not None)[:2])
         return generate_single(*self._single, ids, d)
 
 

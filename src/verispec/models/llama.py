@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from verispec.runtime import env_threads
+
 from .base import (
     TREE_ROOT,
     check_forward_tokens,
@@ -49,13 +51,11 @@ CHATML_TEMPLATE = (
 
 
 def default_threads() -> int:
-    """``$VERISPEC_THREADS`` if set, else all available cores (llama-cpp-python's default is half)."""
-    env = os.environ.get("VERISPEC_THREADS", "").strip()
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ValueError(f"VERISPEC_THREADS must be a positive integer, got {env!r}") from None
+    """``$VERISPEC_THREADS`` if set (checked: :func:`verispec.runtime.env_threads`), else all available cores
+    (llama-cpp-python's default is half)."""
+    threads = env_threads()
+    if threads is not None:
+        return threads
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
