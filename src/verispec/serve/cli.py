@@ -30,8 +30,8 @@ from verispec import flags
 #: Seconds past ``--shutdown-timeout`` after which a stopping server ends its process, whatever still runs
 #: (an engine step, a tokenization, a thread that does not stop).
 HARD_STOP_S = 5.0
-#: Longest timeout a flag takes (a year: beyond it, a timer's arithmetic is the only effect).
-MAX_TIMEOUT_S = 365 * 86400.0
+#: Longest timeout a flag takes (a week: beyond it, a timer's arithmetic is the only effect).
+MAX_TIMEOUT_S = 7 * 86400.0
 
 
 def _gamma(text: str) -> int | str:
@@ -39,7 +39,7 @@ def _gamma(text: str) -> int | str:
 
 
 def _seconds(what: str, zero: bool = False):
-    """An argparse type: seconds, finite, > 0 (>= 0 with ``zero``), at most a year."""
+    """An argparse type: seconds, finite, > 0 (>= 0 with ``zero``), at most a week."""
     return flags.number(what, lo=0.0, lo_open=not zero, hi=MAX_TIMEOUT_S, unit="seconds")
 
 
