@@ -70,3 +70,61 @@ def test_no_speculative_step_and_several_choices():
     assert response_metrics([plain], 0, "none") is None
     with pytest.raises(ValueError, match="none, summary, detailed"):
         spec_decode_metrics(plain, 0, "full")
+
+
+# -- through verispec serve: the official openai client on the tiny float64 transformers pair ---------------
+
+GREEDY = SamplingConfig.parse("temperature=0")
+
+
+@pytest.fixture(scope="module")
+def served():
+    pytest.importorskip("openai")
+    from tests.helpers.serve import serve_tiny, tiny_served
+
+    pair = tiny_served(rows=4)
+    servers = {level: serve_tiny(pair, spec_decode_metrics=level) for level in ("detailed", "none")}
+    yield pair, servers
+    for server in servers.values():
+        server.stop()
+
+
+def test_served_responses_carry_vllms_metrics_object(served):
+    """Completions and chat, streamed (on the final usage chunk) and not: ``metrics.speculative_decoding`` equals
+    the object of the same request's generation run by the engine directly, and agrees with ``usage.speculative``;
+    several choices carry none; a tree counts its nodes as drafted tokens."""
+    pair, servers = served
+    client = servers["detailed"].client()
+    lossy = {"verification": {"rule": "lenience:ell=0.5", "gamma": 3}}
+    ids = pair.target.tokenize("hello", add_special=True)
+    ref = generate(pair.target, pair.draft, ids, rule="lenience:ell=0.5", sampling=GREEDY, gamma=3, max_new_tokens=12)
+    out = client.completions.create(model="verispec", prompt="hello", max_tokens=12, temperature=0, extra_body=lossy)
+    got = out.model_extra["metrics"]["speculative_decoding"]
+    assert got == spec_decode_metrics(ref.stats, 3, "detailed") and got["num_spec_steps"] > 0
+    spec = out.usage.model_extra["speculative"]
+    assert got["num_accepted_draft_tokens"] == spec["accepted_tokens"]
+    assert got["num_draft_tokens"] == spec["draft_tokens"]
+
+    chunks = list(client.completions.create(model="verispec", prompt="hello", max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}, extra_body=lossy))
+    assert chunks[-1].model_extra["metrics"]["speculative_decoding"] == got
+    assert all("metrics" not in (c.model_extra or {}) for c in chunks[:-1])
+
+    chat = client.chat.completions.create(model="verispec", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=10, temperature=0, extra_body=lossy)
+    ref_chat = generate(pair.target, pair.draft, pair.target.chat_prompt("hi"), rule="lenience:ell=0.5",
+                        sampling=GREEDY, gamma=3, max_new_tokens=10)
+    assert chat.model_extra["metrics"]["speculative_decoding"] == spec_decode_metrics(ref_chat.stats, 3, "detailed")
+
+    two = client.completions.create(model="verispec", prompt="hello", max_tokens=8, temperature=0, n=2)
+    assert two.model_extra.get("metrics") is None
+
+    tree = client.completions.create(model="verispec", prompt="hello", max_tokens=12, temperature=0,
+                                     extra_body={"verification": {"tree": "2,2,1"}})
+    t = tree.model_extra["metrics"]["speculative_decoding"]
+    assert t["num_spec_tokens"] == 3 and len(t["acceptance_histogram"]) == 4
+    assert t["num_draft_tokens"] == tree.usage.model_extra["speculative"]["draft_tokens"] == sum(t["per_step_drafted"])
+
+    plain = servers["none"].client().completions.create(model="verispec", prompt="hello", max_tokens=8,
+                                                        temperature=0, extra_body=lossy)
+    assert "metrics" not in plain.model_extra

@@ -48,6 +48,7 @@ from verispec.serve.responses import (
     logprobs_block,
     new_id,
     now,
+    per_request_metrics,
     sse,
     usage,
     usage_chunk,
@@ -307,8 +308,12 @@ async def _serve(state: ServerState, request: Request, body: dict, parsed: Parse
         choices.append({"index": k, "text": prefix + text, "logprobs": lp, "finish_reason": reason})
     obj = "chat.completion" if parsed.kind == "chat" else "text_completion"
     done_jobs = [by_index[k] for k in sorted(by_index)]
-    return {"id": rid, "object": obj, "created": created, "model": state.policy.model_name, "choices": choices,
-            "usage": usage(parsed, done_jobs)}
+    out = {"id": rid, "object": obj, "created": created, "model": state.policy.model_name, "choices": choices,
+           "usage": usage(parsed, done_jobs)}
+    per_request = per_request_metrics(parsed, done_jobs, state.policy.spec_decode_metrics)
+    if per_request is not None:
+        out["metrics"] = per_request
+    return out
 
 
 def _prompt_text(state: ServerState, body: dict, ids: list[int], i: int) -> str:
@@ -401,8 +406,10 @@ async def _stream(state: ServerState, request: Request, parsed: ParsedRequest, j
             if rest:
                 yield sse(chunk(kind, rid, created, name, k, rest))
             yield sse(chunk(kind, rid, created, name, k, None, finish=finish_reason(job)))
-        if parsed.include_usage:
-            yield sse(usage_chunk(kind, rid, created, name, usage(parsed, [finished[k] for k in sorted(finished)])))
+        if parsed.include_usage:       # vLLM's per-request metrics ride on the usage chunk, as in vLLM
+            done = [finished[k] for k in sorted(finished)]
+            yield sse(usage_chunk(kind, rid, created, name, usage(parsed, done),
+                                  per_request_metrics(parsed, done, state.policy.spec_decode_metrics)))
         yield "data: [DONE]\n\n"
     finally:
         watcher.cancel()

@@ -235,6 +235,9 @@ class Policy:
     #: characters a prompt may have: more than ``context_length`` tokens of the model hold whatever their
     #: split (:func:`prompt_char_limit`), so longer text is refused before it is tokenized (None: no bound)
     max_prompt_chars: int | None = None
+    #: vLLM's ``--per-request-spec-decode-metrics``: ``none``, ``summary`` or ``detailed`` (the response's
+    #: ``metrics.speculative_decoding``, :mod:`verispec.serve.spec_metrics`)
+    spec_decode_metrics: str = "none"
 
     @property
     def max_values(self) -> int:

@@ -12,6 +12,7 @@ from verispec.engine.request import Decode
 from verispec.engine.session import Scores
 from verispec.serve.protocol import ParsedRequest
 from verispec.serve.scheduler import Job
+from verispec.serve.spec_metrics import response_metrics
 
 
 def new_id(kind: str) -> str:
@@ -93,6 +94,14 @@ def usage(parsed: ParsedRequest, jobs: Sequence[Job]) -> dict:
     return out
 
 
+def per_request_metrics(parsed: ParsedRequest, jobs: Sequence[Job], level: str) -> dict | None:
+    """vLLM's per-request ``metrics`` object (``{"speculative_decoding": ...}``) at ``level``; None for several
+    choices (prompts × n: not one sequence's, as vLLM) or at level ``none``."""
+    if len(parsed.decodes) != 1 or len(jobs) != 1:
+        return None
+    return response_metrics([jobs[0].result.stats], parsed.decodes[0].spec_tokens, level)
+
+
 def logprobs_block(model, tokens: Sequence[int], scores: Scores, start: int, k: int, offset0: int,
                    eos: int | None) -> dict:
     """OpenAI's legacy ``logprobs`` object for ``tokens[start:]`` (and ``eos``, the end-of-sequence token
@@ -133,9 +142,13 @@ def chunk(kind: str, rid: str, created: int, model_name: str, index: int, text: 
     return {"id": rid, "object": "text_completion", "created": created, "model": model_name, "choices": [choice]}
 
 
-def usage_chunk(kind: str, rid: str, created: int, model_name: str, use: dict) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-            "created": created, "model": model_name, "choices": [], "usage": use}
+def usage_chunk(kind: str, rid: str, created: int, model_name: str, use: dict, per_request: dict | None = None) -> dict:
+    """The final chunk with the usage; ``per_request``: vLLM's ``metrics`` object, which rides on it."""
+    out = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+           "created": created, "model": model_name, "choices": [], "usage": use}
+    if per_request is not None:
+        out["metrics"] = per_request
+    return out
 
 
 def now() -> int:
