@@ -30,7 +30,11 @@ code (HumanEval, HumanEval+, MBPP+)
       then runs on the same inputs, each output compared as EvalPlus does (:mod:`.code_compare`),
       with a per-input limit of ``max(1 s, 4 x reference time)`` (plus :data:`REPORT_SLACK_S`
       and the time to move the input and output through the pipes at :data:`TRANSFER_BYTES_S`),
-      counted from when the input has been handed over; the first failing input stops.
+      counted from before the input's first byte is written (the write is inside the limit).  Every
+      input is answered and the verdict decided at the end: a wrong output never stops a run, so a
+      program cannot learn which input it failed from being stopped.  CPU beyond one core's worth
+      fails it.  A verdict is kept per (:data:`GRADER_VERSION`, task, program text, time limit) per
+      process, so a second grading of the same completion reproduces the first.
     * HumanEval: the task's ``check(candidate)`` is run once with the canonical solution behind a
       recording stub (sandboxed, cached), which yields the calls the test makes.  The candidate
       runs on exactly those calls.  Outputs identical to the reference's pass; otherwise the

@@ -68,11 +68,12 @@ _HOOK = Path(__file__).resolve().with_name("audit_hook.py")
 _HOOK_NAME = "_verispec_audit_hook.py"
 _MEMORY_RE = re.compile(r"^(MemoryError\b|.*\bCannot allocate memory\b|.*std::bad_alloc)")
 
-#: ``on_report(line) -> seconds | (seconds, request) | None``: called with each line the program
+#: ``on_report(line) -> seconds | (seconds, request[, then]) | None``: called with each line the program
 #: writes to the report channel; returns how many seconds the program has for its next line (or
-#: to exit) -- with ``request`` (bytes), first sends it on the request channel, and the seconds
-#: count from when it has been written -- or ``None`` to stop the run now.
-ReportHandler = Callable[[str], "float | tuple[float, bytes] | None"]
+#: to exit) -- with ``request`` (bytes), first sends it on the request channel, the seconds counting
+#: from before its first byte is written (the write is inside them), and ``then()`` is called once it
+#: has been written -- or ``None`` to stop the run now.
+ReportHandler = Callable[[str], "float | tuple[float, bytes] | tuple[float, bytes, Callable[[], object]] | None"]
 
 
 class SandboxRefused(ValueError):
@@ -372,9 +373,10 @@ def _run(
     run with status ``"failed"`` before anything parses it.
 
     Request channel (with ``on_report``): a read-only pipe at ``$VERISPEC_REQUEST_FD``.  When
-    ``on_report`` returns ``(seconds, request)``, ``request`` is written there -- without ever
-    blocking this process: a program that does not read gets :data:`.watch.REQUEST_WRITE_S` more,
-    then its run times out -- and the ``seconds`` count from when it has been written.  So a
+    ``on_report`` returns ``(seconds, request[, then])``, ``request`` is written there -- without ever
+    blocking this process -- and the ``seconds`` count from before its first byte is written: a program
+    that reads slowly (a one-page pipe) spends its own time, then its run times out.  ``then()`` runs once
+    the request is written (the grader judges the previous answer there, out of the program's sight).  So a
     program can be given its inputs one at a time, each only after the previous answer.
 
     Without kernel namespaces (none here, or ``namespaces=False``) the run is refused (status
