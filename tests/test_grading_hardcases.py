@@ -280,3 +280,42 @@ def test_regrade_names_a_missing_store(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no result store"):
         regrade(tmp_path)
+
+
+@needs_data
+def test_regrade_keeps_a_code_verdict_of_todays_grader_and_reruns_the_others(tmp_path, monkeypatch):
+    """A code sample stamped with today's grader version and limit keeps its stored verdict (the program is not run
+    again: another grading is another try at learning across gradings); one stamped by another version, or not at
+    all, is graded again in the sandbox."""
+    import json
+
+    from verispec.bench.records import RunKey, SampleRecord
+    from verispec.bench.regrade import regrade
+    from verispec.bench.store import ResultStore
+    from verispec.tasks import checkers
+    from verispec.tasks.checkers import coding
+
+    wrong = "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```"
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"data_dir": str(DATA), "check_timeout_s": 10.0}))
+    key = RunKey(dataset="humaneval", rule="target_only", sampling="temperature=0", gamma=0, draft="d", target="t",
+                 max_new_tokens=64, seed=0, role="target_only")
+    stamps = {0: {"grader": coding.GRADER_VERSION, "grader_timeout_s": 10.0},          # today's: kept
+              1: {"grader": "code/older", "grader_timeout_s": 10.0},                   # another version: re-run
+              2: {}}                                                                   # none: re-run
+    with ResultStore(out / "results.sqlite") as store:
+        store.register_run(key)
+        for k, stamp in stamps.items():    # all stored as correct, though the program is wrong
+            store.add(SampleRecord(run_id=key.run_id, problem_id="HumanEval/0", sample_idx=k, output=wrong,
+                                   extracted=None, correct=True, new_tokens=10, target_calls=10, draft_calls=0,
+                                   accepted_hist=[], wall_s=1.0, draft_s=0.0, verify_s=1.0, other_s=0.0,
+                                   meta={"stop_reason": "eos", "check_detail": "stored", **stamp},
+                                   stats={"stop_reason": "eos"}))
+    graded = []
+    real = coding.grade
+    monkeypatch.setattr(coding, "grade", lambda *a, **kw: graded.append(1) or real(*a, **kw))
+    monkeypatch.setitem(checkers.CHECKERS, "code", coding.grade)
+    (run,) = regrade(out).runs
+    assert (run.n, run.reused, run.to_wrong, len(graded)) == (3, 1, 2, 2)
+    assert "1 code verdicts kept: same grader" in regrade(out).format()

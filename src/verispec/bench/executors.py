@@ -24,7 +24,7 @@ from verispec.engine.ngram import lookup_for
 from verispec.models import backend_label, is_ngram_draft, load_pair
 from verispec.outputs import OutputError, os_error_text
 from verispec.sampling import SamplingConfig
-from verispec.tasks.checkers import check
+from verispec.tasks.checkers import check, grader_stamp
 from verispec.tasks.datasets import Problem
 
 
@@ -116,6 +116,7 @@ class SampleRunner:
                 "difficulty": problem.meta.get("difficulty"), "generate_s": gen_s,
                 "seed": sample_seed(self.cfg.seed, problem.dataset, problem.id, unit.k),
                 "check_detail": verdict.detail[:500], "correct_flexible": verdict.correct_flexible,
+                **grader_stamp(problem, self.cfg.check_timeout_s),
                 **self.decoding,
             },
         )

@@ -28,7 +28,7 @@ from pathlib import Path
 from verispec.bench.store import DEFAULT_DB_NAME, ResultStore, StoreError, write_error
 from verispec.params import check_number
 from verispec.settings import MAX_CHECK_TIMEOUT_S
-from verispec.tasks.checkers import check
+from verispec.tasks.checkers import CheckResult, check, same_grader
 from verispec.tasks.datasets import Problem, load_dataset
 from verispec.tasks.sandbox import require_contained
 
@@ -67,6 +67,7 @@ class RunRegrade:
     extracted_changed: int = 0  # samples whose extracted answer differs (verdict changed or not)
     truncated: int = 0
     missing: int = 0  # samples whose problem is no longer in the dataset
+    reused: int = 0  # code samples whose stored verdict was decided by today's grader at this limit (not re-run)
     examples: list[Change] = field(default_factory=list)
 
     @property
@@ -100,7 +101,8 @@ class RegradeSummary:
             lines.append(f"  {r.run_id:16} {r.role:12} {r.dataset[:14]:14} {r.rule[:28]:28} {r.n:4d} "
                          f"{r.correct_before:6d} {r.correct_after:6d} {r.to_correct:3d} {r.to_wrong:3d} "
                          f"{r.flexible_after:4d} {r.extracted_changed:4d} {r.truncated:5d}"
-                         + (f"  ({r.missing} missing)" if r.missing else ""))
+                         + (f"  ({r.missing} missing)" if r.missing else "")
+                         + (f"  ({r.reused} code verdicts kept: same grader)" if r.reused else ""))
         for r in self.runs:
             for c in r.examples:
                 lines.append(f"  {r.run_id} {c.problem_id}#{c.sample_idx}{' [truncated]' if c.truncated else ''}: "
@@ -183,7 +185,14 @@ def regrade(store_dir: str | Path, *, write: bool = False, data_dir: str | Path 
                     run.missing += 1
                     continue
                 truncated = _truncated(rec)
-                verdict = check(problem, rec.output, timeout_s=timeout, truncated=truncated)
+                if same_grader(problem, rec.meta, timeout):
+                    # code graded by today's grader at this limit: its stored verdict stands (running the
+                    # program again would only give it another try at learning across gradings)
+                    run.reused += 1
+                    verdict = CheckResult(bool(rec.correct), rec.extracted, str(rec.meta.get("check_detail", "")),
+                                          rec.meta.get("correct_flexible"))
+                else:
+                    verdict = check(problem, rec.output, timeout_s=timeout, truncated=truncated)
                 before, after = bool(rec.correct), bool(verdict.correct)
                 old_flex = rec.meta.get("correct_flexible")
                 run.n += 1

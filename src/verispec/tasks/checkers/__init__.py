@@ -38,6 +38,8 @@ __all__ = [
     "CheckResult",
     "TRUNCATED_NO_ANSWER",
     "check",
+    "grader_stamp",
+    "same_grader",
     "last_boxed",
     "extract_gsm8k_answer",
     "extract_code",
@@ -60,6 +62,21 @@ CHECKERS: dict[str, Grader] = {
     "choice": choice.grade,
     "speed": speed.grade,
 }
+
+
+def grader_stamp(problem, timeout_s: float) -> dict:
+    """What a stored verdict of ``problem`` was decided by, for a sample's meta: code runs the completion, so a
+    later grading by the same grader version at the same limit reuses the stored verdict (``regrade``) instead
+    of running the program again (a run must learn nothing across gradings); {} for the other checkers."""
+    if problem.checker != "code":
+        return {}
+    return {"grader": coding.GRADER_VERSION, "grader_timeout_s": float(timeout_s)}
+
+
+def same_grader(problem, meta: dict, timeout_s: float) -> bool:
+    """Whether the verdict stored with ``meta`` was decided by today's code grader at ``timeout_s``."""
+    stamp = grader_stamp(problem, timeout_s)
+    return bool(stamp) and all(meta.get(k) == v for k, v in stamp.items())
 
 
 def check(problem, completion: str, *, timeout_s: float = 10.0, truncated: bool = False) -> CheckResult:
