@@ -138,3 +138,19 @@ def test_the_seeded_draft_draw_follows_q():
     # seeds 0..3999 are fixed, so this cannot flake; 0.03 is 3.8 standard errors at q = 0.5, and a draw that
     # ignored q (uniform) or took its argmax would miss by 0.2 or more
     assert torch.allclose(counts / counts.sum(), q[0], atol=0.03)
+
+
+def test_sampling_constraints_pass_a_batch_without_drafts_through():
+    """What a step without drafted tokens hands the target processing: zero rows, on which vLLM's top-k code
+    fails (``k.max()`` of nothing, the EngineDeadError of a top_k request)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from verispec.integrations.vllm.sampler import sampling_constraints
+
+    empty = torch.zeros(0, 99)
+    with pytest.raises(RuntimeError, match="numel"):
+        apply_top_k_top_p(empty.clone(), torch.zeros(0, dtype=torch.long), None)
+    meta = SimpleNamespace(all_greedy=False, temperature=torch.ones(2), top_k=torch.tensor([3, 3]), top_p=None)
+    assert sampling_constraints(empty, [0, 0], meta).shape == (0, 99)
