@@ -128,3 +128,17 @@ def test_served_responses_carry_vllms_metrics_object(served):
     plain = servers["none"].client().completions.create(model="verispec", prompt="hello", max_tokens=8,
                                                         temperature=0, extra_body=lossy)
     assert "metrics" not in plain.model_extra
+
+
+def test_the_flag_sets_the_servers_level(tmp_path):
+    """``verispec serve --per-request-spec-decode-metrics`` reaches the policy the app answers with (and
+    is off by default, as in vLLM)."""
+    from tests.helpers.serve import save_tiny_pair
+    from tests.test_serve_cli import parser
+    from verispec.serve.cli import build_server
+
+    target, draft = save_tiny_pair(tmp_path)
+    common = ["serve", "--target", str(target), "--draft", str(draft), "--dtype", "float64", "--batch-size", "1"]
+    for extra, level in (([], "none"), (["--per-request-spec-decode-metrics", "summary"], "summary")):
+        app, _ = build_server(parser().parse_args(common + extra))
+        assert app.state.verispec.policy.spec_decode_metrics == level

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from verispec import flags
+from verispec.serve.spec_metrics import LEVELS as SPEC_METRICS_LEVELS
 
 #: Seconds past ``--shutdown-timeout`` after which a stopping server ends its process, whatever still runs
 #: (an engine step, a tokenization, a thread that does not stop).
@@ -81,7 +82,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated rule names requests may choose (default: every rule)")
     p.add_argument("--batched-only", action="store_true",
                    help="refuse what batches cannot run (prompt lookup, trees, gamma auto, raw-distribution rules) "
-                   "instead of loading a single-sequence copy of the models for them")
+                   "instead of decoding them one at a time on the same models")
+    p.add_argument("--per-request-spec-decode-metrics", choices=list(SPEC_METRICS_LEVELS), default="none",
+                   help="vLLM's per-request metrics.speculative_decoding on every single-choice response (on the "
+                   "final usage chunk when streamed): summary, or detailed with the per-step arrays")
     p.add_argument("--no-baseline", action="store_true", help="refuse true-baseline requests")
     p.add_argument("--max-tokens", type=flags.positive_int("--max-tokens"), default=4096,
                    help="most tokens one choice may generate")
@@ -157,6 +161,7 @@ def make_policy(policy_cls, args, target, sources: tuple[str, ...], default_draf
                         draft_sources=sources, allow_auto=not batched_only, allow_trees=not batched_only,
                         allow_baseline=not getattr(args, "no_baseline", False),
                         max_tokens=getattr(args, "max_tokens", 4096), max_n=getattr(args, "max_n", 64),
+                        spec_decode_metrics=getattr(args, "per_request_spec_decode_metrics", "none"),
                         context_length=int(target.context_length), vocab_size=tokenizer_size(target))
     try:        # the defaults must make a valid request
         decode_of({}, policy, 1, [], 0)

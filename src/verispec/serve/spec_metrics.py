@@ -21,9 +21,10 @@ a proposed token) and ``num_spec_tokens`` its depth, the longest path it can acc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verispec.engine.stats import Stats
+if TYPE_CHECKING:       # the command line reads LEVELS before torch loads: no engine import at run time
+    from verispec.engine.stats import Stats
 
 #: ``--per-request-spec-decode-metrics`` levels, as vLLM's.
 LEVELS = ("none", "summary", "detailed")
