@@ -21,28 +21,7 @@ import statistics
 import time
 
 import torch
-
-
-def _inputs(batch: int, gamma: int, vocab: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    n = batch * gamma
-    target_logits = torch.randn(n, vocab, generator=gen) * 3.0
-    draft_probs = torch.softmax(target_logits + torch.randn(n, vocab, generator=gen) * 1.5, dim=-1)
-    draft = torch.multinomial(draft_probs, 1, generator=gen)[:, 0].to(torch.int32)
-    bonus = torch.randint(0, vocab, (batch, 1), generator=gen, dtype=torch.int32)
-    return target_logits, draft_probs, draft, bonus
-
-
-def _metadata(batch: int):
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
-
-    return SamplingMetadata(
-        temperature=torch.ones(batch), all_greedy=False, all_random=True, top_p=None, top_k=None, generators={},
-        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=torch.zeros(batch),
-        presence_penalties=torch.zeros(batch), repetition_penalties=torch.ones(batch),
-        output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
-        logitsprocs=LogitsProcessors())
+from vllm_sampler import _inputs, _metadata  # the same inputs as the sampler benchmark
 
 
 def _ms(fn, repeats: int) -> float:

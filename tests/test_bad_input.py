@@ -820,7 +820,7 @@ def test_regrade_refuses_a_stored_infinite_check_timeout(tmp_path, capsys):
     assert code == 0 and "0 of 10 verdicts changed" in out_text, err
     code, _, err = run_cli(capsys, "regrade", out, "--check-timeout", "inf")
     assert_clear_error(code, err, "--check-timeout must be a number of seconds in (0, 3600]")
-    from verispec.bench.regrade import regrade         # the library call checks it too
+    from verispec.bench.regrade import regrade  # the library call checks it too
 
     with pytest.raises(ValueError, match=r"stored check_timeout_s must be a number of seconds in \(0, 3600\]"):
         regrade(out)
