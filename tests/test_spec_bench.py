@@ -165,6 +165,8 @@ def test_spec_bench_rows_and_table_give_the_measured_speedups(tmp_path):
     assert cells[3] == "n/a"                                                     # translation did not run
     assert cells[8].startswith("2.67×") and cells[9] == "4.00" and cells[10] == "4.20"
     assert "## spec_bench:writing" not in md                                     # no accuracy sections
+    assert "Truncation warnings" not in md and "frontier.png" not in md          # every output was cut: no matter
+    assert not (tmp_path / "report" / "frontier.png").exists()
     assert (tmp_path / "report" / "spec_bench.png").stat().st_size > 1000
 
 

@@ -280,7 +280,7 @@ def _warnings(rows: list[RunRow]) -> list[str]:
     """One line per dataset listing the runs whose truncation share reaches the warning level."""
     by_ds: OrderedDict[str, list[RunRow]] = OrderedDict()
     for r in rows:
-        if r.truncation.warn:
+        if r.truncation.warn and not r.speed_only:     # a cut output is still timed right: only accuracy suffers
             by_ds.setdefault(r.dataset, []).append(r)
     out = []
     for ds, runs in by_ds.items():
@@ -351,7 +351,7 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
     plots = [
         plot_frontier(rows, graded, out / "frontier.png"),
         plot_gap(rows, graded, out / "accuracy_gap.png"),
-    ]
+    ] if graded else []
     spec_bench = format_spec_bench(rows, conf)
     if spec_bench:
         plots.append(plot_spec_bench(spec_bench_rows(rows), conf, out / "spec_bench.png"))
@@ -415,13 +415,16 @@ def build_report(store_path_or_dir: str | Path, out_dir: str | Path, conf: float
         clustered = format_interval_table(mine, conf)
         if clustered:
             md += ["### Problem-clustered vs sample-level intervals", "", clustered, ""]
+    if graded:
+        md += [
+            "## Plots",
+            "",
+            "![Accuracy vs block efficiency](frontier.png)",
+            "",
+            "![Accuracy gap vs true baseline](accuracy_gap.png)",
+            "",
+        ]
     md += [
-        "## Plots",
-        "",
-        "![Accuracy vs block efficiency](frontier.png)",
-        "",
-        "![Accuracy gap vs true baseline](accuracy_gap.png)",
-        "",
         "## Notes",
         "",
         f"- **accuracy**: correct samples / samples, {pct} Wilson score interval. With several samples per "
