@@ -6,10 +6,10 @@ the same prompts. A *method* here is one decoding configuration (rule, sampling,
 models, budget, seed) over every category it ran. Per column (MT-bench's eight categories pooled into one,
 then translation, summarization, QA, math reasoning, RAG, and all of them) the table gives the measured
 **speed-up** over target-only: the pooled tokens/s of the method's samples over those of the target-only
-samples of the same prompts, with a percentile-bootstrap interval over problems
-(:func:`verispec.bench.stats.speedup_interval`); beside it **τ**, Spec-Bench's mean accepted tokens (new
-tokens per target call), and the **acceptance length**, vLLM's ``mean_acceptance_length`` (accepted drafts +
-1 per step that verified drafts).
+samples of the same prompts (seconds after each prompt's prefill, the engine's ``Stats.wall_s``), with a
+percentile-bootstrap interval over problems (:func:`verispec.bench.stats.speedup_interval`); beside it **τ**,
+Spec-Bench's mean accepted tokens (new tokens per target call), and the **acceptance length**, vLLM's
+``mean_acceptance_length`` (accepted drafts + 1 per step that verified drafts).
 """
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ def format_spec_bench(rows: Sequence[RunRow], conf: float = 0.95) -> str:
         f"Speed-up over target-only on the same prompts [{pct} bootstrap interval over prompts]; MT-bench pools its "
         "eight categories (first turn only). **τ**: new tokens per target call (Spec-Bench's mean accepted tokens); "
         "**acc. length**: accepted drafts + 1 per step that verified drafts (vLLM's mean acceptance length). "
-        f"Prompts per category: {', '.join(map(str, n_prompts))}. Timings are wall-clock seconds of each "
-        "generation on this machine: compare rows of one run only.",
+        f"Prompts per category: {', '.join(map(str, n_prompts))}. Timings are each generation's wall-clock "
+        "seconds after its prefill (as tok/s elsewhere in this report), on this machine: compare rows of one run "
+        "only.",
         "",
         *lines,
         "",
