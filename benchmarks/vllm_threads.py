@@ -17,21 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
-from vllm_sampler import _inputs, _metadata  # the same inputs as the sampler benchmark
-
-
-def _ms(fn, repeats: int) -> float:
-    fn()                                             # warm-up (allocations, thread pool)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+from vllm_sampler import _inputs, _median_ms, _metadata  # the sampler benchmark's inputs and timer
 
 
 def _cases(batch: int, gamma: int, vocab: int):
@@ -98,7 +86,7 @@ def main() -> None:
         for name, fn in cases.items():
             for t in threads:            # both thread counts back to back, per case
                 torch.set_num_threads(t)
-                times[name][t] = _ms(fn, repeats)
+                times[name][t] = _median_ms(fn, repeats)
         print(f"\nB = {batch} (B·γ = {batch * args.gamma} rows)")
         print("| pass | " + " | ".join(f"{t} thread{'s' * (t > 1)}" for t in threads)
               + (f" | {threads[-1]} / {threads[0]} threads" if len(threads) > 1 else "") + " |")
