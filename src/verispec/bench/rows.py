@@ -402,11 +402,11 @@ def _run_row(run: _Run, runs: dict[str, _Run], conf: float) -> RunRow:
     diffs = [d for s in samples if (d := _num(s.meta.get("difficulty"))) is not None]
     flex = [(s.correct_flexible, s.problem_id) for s in samples if s.correct_flexible is not None]
     base_id, ll_id = pair.get("baseline"), pair.get("lossless_ref")
-    to_id = _target_only_of(key, runs) if key.role == "method" else None
+    plain_id = _target_only_of(key, runs) if key.role != "target_only" else None
+    to_id = plain_id if key.role == "method" else None
     wrong = to_id if (to_id and base_id and to_id != base_id) else None
     speed_only = bool(samples) and all(is_speed_only(s) for s in samples)
-    plain = runs.get(_target_only_of(key, runs) or "") if key.role != "target_only" else None
-    pairs = _speed_pairs(samples, plain)
+    pairs = _speed_pairs(samples, runs.get(plain_id or ""))
     graded = not speed_only
     return RunRow(
         key=key,
